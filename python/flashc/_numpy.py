@@ -1,0 +1,168 @@
+"""flashc on numpy arrays: forward() and backward() in host memory (the "cpu" and
+"reference" backends).
+
+Arrays are [batch, seqlen, heads, head_dim] with any strides the C API accepts; they are
+described to the library as views (numpy's byte strides turned into element strides) and
+copied only when the library could not read them in place: a last dimension that is not
+contiguous, a negative stride, or a stride that is not a whole number of elements.
+"""
+
+import numpy as np
+
+from . import _lib
+from ._lib import DType, FlashcError, Status
+
+try:  # bfloat16 arrays come from ml_dtypes; without it, float32 and float16 still work
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BFLOAT16 = None
+
+_ATTENTION_DIMS = "[batch, seqlen, heads, head_dim]"
+
+
+def dtype_code(name, dtype):
+    """The flashc_dtype of a numpy dtype; FlashcError for one flashc has no kernels for."""
+    if dtype == np.float32:
+        return DType.F32
+    if dtype == np.float16:
+        return DType.F16
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        return DType.BF16
+    supported = "float32, float16" + (", bfloat16" if BFLOAT16 is not None else
+                                      " (bfloat16 needs the ml_dtypes package)")
+    raise FlashcError(Status.ERROR_INVALID_DTYPE,
+                      "%s: dtype %s is not supported; use %s" % (name, dtype, supported))
+
+
+def element_strides(array, last_contiguous):
+    """numpy's byte strides as element strides, or None when the C API cannot take them.
+    Dimensions of size 1 get stride 0, the head_dim one 1: they are never stepped along, and
+    numpy leaves arbitrary (even negative) values there."""
+    itemsize = array.itemsize
+    strides = []
+    for size, stride in zip(array.shape, array.strides):
+        if size == 1:
+            strides.append(0)
+        elif stride < 0 or stride % itemsize:
+            return None
+        else:
+            strides.append(stride // itemsize)
+    if last_contiguous and strides:
+        if array.shape[-1] == 1:
+            strides[-1] = 1
+        elif strides[-1] != 1:
+            return None
+    return strides
+
+
+def _check_attention_ndim(name, array):
+    if array.ndim != 4:
+        raise FlashcError(Status.ERROR_INVALID_SIZE,
+                          "%s: ndim is %d; attention tensors are 4-d %s"
+                          % (name, array.ndim, _ATTENTION_DIMS))
+
+
+def _input(name, array, last_contiguous=True):
+    """(array, flashc_tensor) for an input; array is the one described, a copy if needed,
+    and must stay alive through the call."""
+    array = np.asarray(array)
+    code = dtype_code(name, array.dtype)
+    strides = element_strides(array, last_contiguous)
+    if strides is None:
+        array = np.ascontiguousarray(array)
+        strides = element_strides(array, last_contiguous)
+    return array, _lib.make_tensor(array.ctypes.data, code, array.shape, strides)
+
+
+class _Output:
+    """An output array: the caller's if given, else a new contiguous one. A caller's array
+    that the library cannot write in place is computed into a temporary and copied back."""
+
+    def __init__(self, name, given, shape, dtype, last_contiguous=True):
+        if given is None:
+            self.result = np.empty(shape, dtype)
+        else:
+            if not isinstance(given, np.ndarray):
+                raise FlashcError(Status.ERROR_INVALID_PARAM,
+                                  "%s: must be a numpy array, not %s" % (name, type(given).__name__))
+            if not given.flags.writeable:
+                raise FlashcError(Status.ERROR_INVALID_PARAM, "%s: array is read-only" % name)
+            self.result = given
+        code = dtype_code(name, self.result.dtype)
+        strides = element_strides(self.result, last_contiguous)
+        self.target = self.result
+        if strides is None:
+            self.target = np.empty(self.result.shape, self.result.dtype)
+            strides = element_strides(self.target, last_contiguous)
+        self.tensor = _lib.make_tensor(self.target.ctypes.data, code, self.target.shape, strides)
+
+    def finish(self):
+        if self.target is not self.result:
+            self.result[...] = self.target
+        return self.result
+
+
+def _host_backend(backend, num_threads):
+    if isinstance(backend, _lib.Backend):
+        return backend
+    return _lib.get_backend(backend or "cpu", num_threads)
+
+
+def forward(q, k, v, causal=False, softmax_scale=None, causal_mode="bottom_right", backend=None,
+            num_threads=None, out=None, lse=None):
+    """Attention forward on numpy arrays.
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim] with
+    heads_q a multiple of heads_kv (GQA, MQA); float32, float16 or bfloat16, all one dtype.
+    causal: mask keys after the query; causal_mode "bottom_right" (flash_attn's convention
+    when seqlen_q != seqlen_k) or "top_left" (PyTorch SDPA's is_causal).
+    softmax_scale: None for 1/sqrt(head_dim).
+    backend: "cpu" (the default), "reference" (float64, slow, exact) or a flashc.Backend.
+    num_threads: CPU worker threads (None: FLASHC_NUM_THREADS or all cores).
+    out, lse: optional arrays to write into.
+
+    Returns (out, lse): out like q, lse float32 [batch, heads_q, seqlen_q] (natural log).
+    Raises FlashcError on invalid input.
+    """
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        _check_attention_ndim(name, np.asarray(array))
+    q, q_t = _input("q", q)
+    k, k_t = _input("k", k)
+    v, v_t = _input("v", v)
+    batch, seqlen_q, heads_q, _ = q.shape
+    out_o = _Output("out", out, q.shape, q.dtype)
+    lse_o = _Output("lse", lse, (batch, heads_q, seqlen_q), np.float32, last_contiguous=False)
+    params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode))
+    _lib.forward(_host_backend(backend, num_threads), params, q_t, k_t, v_t, out_o.tensor,
+                 lse_o.tensor)
+    return out_o.finish(), lse_o.finish()
+
+
+def backward(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
+             causal_mode="bottom_right", backend=None, num_threads=None, deterministic=False,
+             dq=None, dk=None, dv=None):
+    """Attention backward on numpy arrays.
+
+    dout: the gradient of out; q, k, v, out, lse: the forward's inputs and results; causal,
+    causal_mode and softmax_scale must be those of the forward.
+    Returns (dq, dk, dv), shaped and typed like q, k and v; for GQA dk and dv are summed over
+    the query heads sharing a key head. dq, dk, dv: optional arrays to write into.
+    """
+    for name, array in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
+        _check_attention_ndim(name, np.asarray(array))
+    dout, dout_t = _input("dout", dout)
+    q, q_t = _input("q", q)
+    k, k_t = _input("k", k)
+    v, v_t = _input("v", v)
+    out, out_t = _input("out", out)
+    lse, lse_t = _input("lse", lse, last_contiguous=False)
+    dq_o = _Output("dq", dq, q.shape, q.dtype)
+    dk_o = _Output("dk", dk, k.shape, k.dtype)
+    dv_o = _Output("dv", dv, v.shape, v.dtype)
+    params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode),
+                              deterministic=deterministic)
+    _lib.backward(_host_backend(backend, num_threads), params, dout_t, q_t, k_t, v_t, out_t,
+                  lse_t, dq_o.tensor, dk_o.tensor, dv_o.tensor)
+    return dq_o.finish(), dk_o.finish(), dv_o.finish()

@@ -1,0 +1,320 @@
+"""flashc for PyTorch: CPU and CUDA tensors, autograd, torch.compile and CUDA graphs.
+
+    from flashc.torch import flash_attn_func, scaled_dot_product_attention
+    out = flash_attn_func(q, k, v, causal=True)                   # [batch, seqlen, heads, dim]
+    out = scaled_dot_product_attention(q, k, v, is_causal=True)   # [batch, heads, seqlen, dim]
+
+The library is called through ctypes on the tensors' memory, so nothing is compiled against
+PyTorch. The two kernels are registered as opaque custom ops, flashc::attention_forward and
+flashc::attention_backward (torch.library.custom_op, with fake implementations and an
+autograd formula), so torch.compile traces through them without graph breaks. On CUDA they
+run on the current stream, allocate only through PyTorch's allocator (the backward workspace
+is a uint8 tensor) and never synchronize the host, so they can be captured in CUDA graphs
+once a first call outside the capture has set up the backend.
+
+The log-sum-exp returned by flash_attn_func(return_attn_probs=True) is not differentiable:
+gradients flow through the attention output only.
+"""
+
+import math
+
+import torch
+
+from . import _lib
+from ._lib import Causal, DType, FlashcError, Status
+
+__all__ = ["FlashAttnFunction", "flash_attn_func", "scaled_dot_product_attention"]
+
+_DTYPE_CODES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
+
+
+# -------------------------------------------------------------------------------------------
+# Describing tensors and picking the backend
+# -------------------------------------------------------------------------------------------
+
+
+def _describe(name, tensor):
+    """A flashc_tensor view of a torch tensor (element strides, as torch counts them)."""
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise FlashcError(Status.ERROR_INVALID_DTYPE,
+                          "%s: dtype %s is not supported; use torch.float16, torch.bfloat16 or "
+                          "(CPU) torch.float32" % (name, tensor.dtype))
+    shape = tuple(tensor.shape)
+    # A dimension of size 1 is never stepped along; its stride can be anything in torch.
+    strides = [0 if size == 1 else stride for size, stride in zip(shape, tensor.stride())]
+    if shape and shape[-1] == 1:
+        strides[-1] = 1
+    return _lib.make_tensor(tensor.data_ptr(), code, shape, strides)
+
+
+def _last_dim_contiguous(tensor):
+    # The C API takes any strides but a unit one for head_dim: copy only in that case (e.g. a
+    # gradient that autograd expanded from a scalar).
+    if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        return tensor.contiguous()
+    return tensor
+
+
+def _check_attention_tensors(named_tensors):
+    first_name, first = named_tensors[0]
+    for name, tensor in named_tensors:
+        if not isinstance(tensor, torch.Tensor):
+            raise FlashcError(Status.ERROR_INVALID_PARAM,
+                              "%s: must be a torch.Tensor, not %s" % (name, type(tensor).__name__))
+        if tensor.dim() != 4:
+            raise FlashcError(Status.ERROR_INVALID_SIZE,
+                              "%s: ndim is %d; attention tensors are 4-d [batch, seqlen, heads, "
+                              "head_dim]" % (name, tensor.dim()))
+        # The library sees raw pointers only: a tensor on another device than q would be read
+        # as memory of the wrong kind.
+        if tensor.device != first.device:
+            raise FlashcError(Status.ERROR_INVALID_POINTER,
+                              "%s: is on %s but %s is on %s" % (name, tensor.device, first_name,
+                                                               first.device))
+    if first.device.type not in ("cpu", "cuda"):
+        raise FlashcError(Status.ERROR_INVALID_POINTER,
+                          "%s: tensors on %s are not supported; use CPU or CUDA tensors"
+                          % (first_name, first.device))
+
+
+class _DeviceCall:
+    """The backend, stream and device guard for tensors on `device`: "cpu" for CPU tensors,
+    "cuda" for CUDA ones, unless backend_name names another."""
+
+    def __init__(self, device, backend_name):
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.backend = _lib.get_backend(backend_name or "cuda", 0, index)
+            self.stream = torch.cuda.current_stream(device).cuda_stream
+            self.guard = torch.cuda.device(index)
+        else:
+            self.backend = _lib.get_backend(backend_name or "cpu", 0)
+            self.stream = None
+            self.guard = None
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+        return False
+
+
+# -------------------------------------------------------------------------------------------
+# The kernels, as plain functions (these become the custom ops' implementations)
+# -------------------------------------------------------------------------------------------
+
+
+def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+                       causal_mode: int, window_left: int, window_right: int, softcap: float,
+                       deterministic: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """out [b, sq, hq, d] (contiguous) and lse [b, hq, sq] float32 for q [b, sq, hq, d] and
+    k, v [b, sk, hkv, d]. deterministic is unused here; it rides along for the backward."""
+    _check_attention_tensors((("q", q), ("k", k), ("v", v)))
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    with _DeviceCall(q.device, backend) as call:
+        params = _lib.make_params(softmax_scale, causal_mode, window_left, window_right, softcap,
+                                  stream=call.stream)
+        _lib.forward(call.backend, params, _describe("q", q), _describe("k", k),
+                     _describe("v", v), _describe("out", out), _describe("lse", lse))
+    return out, lse
+
+
+def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, softmax_scale: float,
+                        causal_mode: int, window_left: int, window_right: int, softcap: float,
+                        deterministic: bool, backend: str
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (contiguous, shaped like q, k, v) for the forward's inputs and results."""
+    _check_attention_tensors((("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out)))
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    if lse.device != q.device:
+        raise FlashcError(Status.ERROR_INVALID_POINTER,
+                          "lse: is on %s but q is on %s" % (lse.device, q.device))
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    with _DeviceCall(q.device, backend) as call:
+        params = _lib.make_params(softmax_scale, causal_mode, window_left, window_right, softcap,
+                                  deterministic=deterministic, stream=call.stream)
+        q_t, k_t = _describe("q", q), _describe("k", k)
+        # The scratch comes from torch's allocator (stream-ordered, and from the graph's pool
+        # under CUDA graph capture) rather than from an allocation inside the library.
+        workspace_bytes = _lib.backward_workspace_size(call.backend, params, q_t, k_t)
+        workspace = None
+        if workspace_bytes:
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
+            params.workspace = workspace.data_ptr()
+            params.workspace_size = workspace_bytes
+        _lib.backward(call.backend, params, _describe("dout", dout), q_t, k_t,
+                      _describe("v", v), _describe("out", out), _describe("lse", lse),
+                      _describe("dq", dq), _describe("dk", dk), _describe("dv", dv))
+        del workspace
+    return dq, dk, dv
+
+
+# -------------------------------------------------------------------------------------------
+# Custom ops (torch >= 2.4) and the autograd.Function
+# -------------------------------------------------------------------------------------------
+
+HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
+
+
+def _save_for_backward(ctx, q, k, v, out, lse, options):
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = options
+
+
+if HAS_CUSTOM_OPS:
+    attention_forward_op = torch.library.custom_op("flashc::attention_forward",
+                                                   mutates_args=())(_attention_forward)
+    attention_backward_op = torch.library.custom_op("flashc::attention_backward",
+                                                    mutates_args=())(_attention_backward)
+
+    @attention_forward_op.register_fake
+    def _attention_forward_fake(q, k, v, softmax_scale, causal_mode, window_left, window_right,
+                                softcap, deterministic, backend):
+        batch, seqlen_q, heads_q, _ = q.shape
+        return (q.new_empty(q.shape),
+                q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32))
+
+    @attention_backward_op.register_fake
+    def _attention_backward_fake(dout, q, k, v, out, lse, softmax_scale, causal_mode,
+                                 window_left, window_right, softcap, deterministic, backend):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def _setup_context(ctx, inputs, output):
+        q, k, v = inputs[:3]
+        out, lse = output
+        _save_for_backward(ctx, q, k, v, out, lse, tuple(inputs[3:]))
+
+    def _op_backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward_op(dout, q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + (None,) * len(ctx.options)
+
+    torch.library.register_autograd("flashc::attention_forward", _op_backward,
+                                    setup_context=_setup_context)
+    _forward_kernel, _backward_kernel = attention_forward_op, attention_backward_op
+else:  # older torch: plain calls, differentiable through FlashAttnFunction, not compilable
+    _forward_kernel, _backward_kernel = _attention_forward, _attention_backward
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    """Attention as an autograd.Function over the two kernels:
+    FlashAttnFunction.apply(q, k, v, softmax_scale, causal_mode, window_left, window_right,
+    softcap, deterministic, backend) -> (out, lse), in flash_attn's [b, s, h, d] layout.
+    flash_attn_func uses the custom op's own autograd formula instead where torch has custom
+    ops; both compute the same thing."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal_mode, window_left, window_right, softcap,
+                deterministic, backend):
+        options = (softmax_scale, causal_mode, window_left, window_right, softcap,
+                   deterministic, backend)
+        out, lse = _forward_kernel(q, k, v, *options)
+        _save_for_backward(ctx, q, k, v, out, lse, options)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_kernel(dout, q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+_attention = attention_forward_op if HAS_CUSTOM_OPS else FlashAttnFunction.apply
+
+
+# -------------------------------------------------------------------------------------------
+# Drop-in front ends
+# -------------------------------------------------------------------------------------------
+
+
+def _unsupported(message):
+    return FlashcError(Status.ERROR_UNSUPPORTED, message)
+
+
+def _resolve_scale(softmax_scale, head_dim):
+    # Resolved here rather than left to the library's "0 means default", so the value the
+    # op records (and a traced graph shows) is the one used.
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, causal_mode="bottom_right", backend=None):
+    """flash_attn.flash_attn_func's signature and layout, computed by flashc.
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim],
+    heads_q a multiple of heads_kv. Causal masking aligns to the bottom-right corner when
+    seqlen_q != seqlen_k, as in flash_attn >= 2.1 (causal_mode="top_left" for SDPA's
+    convention). window_size and softcap go to the library, which rejects what its backend
+    does not implement; dropout and ALiBi are not implemented.
+    backend: None for the tensors' device ("cpu" or "cuda"), or "reference".
+    Returns out [batch, seqlen_q, heads_q, head_dim]; with return_attn_probs,
+    (out, softmax_lse [batch, heads_q, seqlen_q], None): flashc never forms the
+    probabilities.
+    """
+    if dropout_p:
+        raise _unsupported("dropout_p=%r: attention dropout is not implemented in flashc yet; "
+                           "pass dropout_p=0.0" % (dropout_p,))
+    if alibi_slopes is not None:
+        raise _unsupported("alibi_slopes: ALiBi is not implemented in flashc yet")
+    _check_attention_tensors((("q", q), ("k", k), ("v", v)))
+    window_left, window_right = (int(w) for w in window_size)
+    out, lse = _attention(q, k, v, _resolve_scale(softmax_scale, q.shape[-1]),
+                          int(_lib.causal_mode_of(causal, causal_mode)), window_left,
+                          window_right, float(softcap), bool(deterministic), backend or "")
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *,
+                                 backend=None):
+    """torch.nn.functional.scaled_dot_product_attention's signature and answer, computed by
+    flashc.
+
+    query: [batch, heads_q, seqlen_q, head_dim]; key, value: [batch, heads_kv, seqlen_k,
+    head_dim] (3-d [batch, seqlen, head_dim] too). The tensors are read in place as
+    [batch, seqlen, heads, head_dim] views, and the result is such a view transposed back.
+    is_causal aligns the mask to the top-left corner, as SDPA does when seqlen_q !=
+    seqlen_k. heads_q != heads_kv needs enable_gqa=True, as in SDPA. attn_mask and dropout
+    are not implemented.
+    """
+    if attn_mask is not None:
+        raise _unsupported("attn_mask: explicit attention masks are not implemented in flashc; "
+                           "pass is_causal=True for a causal mask")
+    if dropout_p:
+        raise _unsupported("dropout_p=%r: attention dropout is not implemented in flashc yet; "
+                           "pass dropout_p=0.0" % (dropout_p,))
+    tensors = [query, key, value]
+    for name, tensor in zip(("query", "key", "value"), tensors):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() not in (3, 4):
+            raise FlashcError(Status.ERROR_INVALID_SIZE,
+                              "%s: must be a 4-d [batch, heads, seqlen, head_dim] (or 3-d) "
+                              "tensor" % name)
+    no_head_dim = query.dim() == 3
+    if no_head_dim:
+        tensors = [t.unsqueeze(1) for t in tensors]
+    query, key, value = tensors
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise FlashcError(Status.ERROR_INVALID_HEADS,
+                          "query has %d heads but key has %d; pass enable_gqa=True for "
+                          "grouped-query attention" % (query.shape[1], key.shape[1]))
+    q, k, v = (t.transpose(1, 2) for t in tensors)
+    causal_mode = int(Causal.TOP_LEFT if is_causal else Causal.NONE)
+    out, _ = _attention(q, k, v, _resolve_scale(scale, q.shape[-1]), causal_mode, -1, -1, 0.0,
+                        False, backend or "")
+    out = out.transpose(1, 2)
+    return out.squeeze(1) if no_head_dim else out
