@@ -1,0 +1,244 @@
+/*
+ * flashc.h - the public C API of flashc, exact FlashAttention-2 forward and backward.
+ *
+ * The one header a user includes. Every function validates its arguments and returns a
+ * flashc_status; on failure nothing the caller owns has been written, and
+ * flashc_last_error() tells, for the calling thread, what was wrong and which argument.
+ *
+ * Computed, for batch b and query head h (key/value head h / (heads_q / heads_kv)):
+ *
+ *     S = scale * Q K^T                 scale 0 means 1/sqrt(head_dim)
+ *     S[i][j] = -inf where masked       causal: see flashc_causal
+ *     P = softmax(S) row-wise           a row with every key masked: P = 0, O = 0, LSE = -inf
+ *     O = P V
+ *     LSE[i] = log(sum_j exp(S[i][j]))  natural log, float32, [batch, heads_q, seqlen_q]
+ *
+ * Tensors are [batch, seqlen, heads, head_dim] with any non-negative element strides for the
+ * first three dimensions and a contiguous last dimension, so [batch, heads, seqlen, head_dim]
+ * and [batch*heads, seqlen, head_dim] buffers are described as views, without copies.
+ *
+ * Quick start (CPU):
+ *
+ *     flashc_backend *be;
+ *     flashc_backend_create("auto", NULL, &be);
+ *     flashc_params p;  flashc_params_init(&p);  p.causal = FLASHC_CAUSAL_BOTTOM_RIGHT;
+ *     flashc_tensor q = flashc_tensor_contiguous(qbuf, FLASHC_BF16, B, N, H, D);  ... k, v, o
+ *     flashc_tensor lse = flashc_lse_contiguous(lsebuf, B, H, N);
+ *     if (flashc_forward(be, &p, &q, &k, &v, &o, &lse) != FLASHC_OK)
+ *         fprintf(stderr, "%s\n", flashc_last_error());
+ *     flashc_backend_destroy(be);
+ */
+#ifndef FLASHC_H
+#define FLASHC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(FLASHC_BUILDING_SHARED)
+#define FLASHC_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FLASHC_API __attribute__((visibility("default")))
+#else
+#define FLASHC_API
+#endif
+
+#define FLASHC_VERSION_MAJOR 0
+#define FLASHC_VERSION_MINOR 1
+#define FLASHC_VERSION_PATCH 0
+#define FLASHC_VERSION_STRING "0.1.0"
+
+/* Largest head dimension any backend serves. */
+#define FLASHC_MAX_HEAD_DIM 256
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status codes                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum flashc_status {
+    FLASHC_OK = 0,
+    FLASHC_ERROR_NULL_POINTER = 1,        /* a required pointer argument or tensor data is NULL */
+    FLASHC_ERROR_INVALID_DTYPE = 2,       /* a dtype value that is not a flashc_dtype */
+    FLASHC_ERROR_DTYPE_MISMATCH = 3,      /* tensors that must share a dtype do not, or LSE not f32 */
+    FLASHC_ERROR_SHAPE_MISMATCH = 4,      /* shapes that must agree between tensors do not */
+    FLASHC_ERROR_INVALID_HEAD_DIM = 5,    /* head_dim 0, above FLASHC_MAX_HEAD_DIM, or not served */
+    FLASHC_ERROR_INVALID_HEADS = 6,       /* heads_q not a positive multiple of heads_kv */
+    FLASHC_ERROR_INVALID_STRIDE = 7,      /* last stride != 1, negative, or an output overlapping itself */
+    FLASHC_ERROR_INVALID_SIZE = 8,        /* a size < 1, a wrong ndim, or sizes whose extent overflows */
+    FLASHC_ERROR_ALIASING = 9,            /* an output overlaps an input or another output */
+    FLASHC_ERROR_INVALID_PARAM = 10,      /* a params field out of range (scale NaN, unknown causal mode) */
+    FLASHC_ERROR_UNSUPPORTED = 11,        /* a valid request this backend does not implement */
+    FLASHC_ERROR_BACKEND_UNAVAILABLE = 12,/* the backend asked for is not built in or finds no device */
+    FLASHC_ERROR_OUT_OF_MEMORY = 13,      /* an allocation (host or device) failed */
+    FLASHC_ERROR_DEVICE = 14,             /* the device runtime reported an error */
+    FLASHC_ERROR_INVALID_POINTER = 15,    /* memory of the wrong kind for the backend, or misaligned */
+    FLASHC_ERROR_WORKSPACE_TOO_SMALL = 16,/* a caller workspace smaller than the query returned */
+    FLASHC_ERROR_INTERNAL = 17            /* a bug in flashc: please report it */
+} flashc_status;
+
+/* A fixed, human-readable name for a status ("FLASHC_ERROR_SHAPE_MISMATCH: ..."). Never NULL. */
+FLASHC_API const char *flashc_status_string(flashc_status status);
+
+/* The detailed message of the last failed call on the calling thread, naming the argument
+ * ("k: shape[3] (head_dim) is 80 but q has 64"). "" if no call on this thread has failed.
+ * The pointer stays valid until the next flashc call on the same thread. */
+FLASHC_API const char *flashc_last_error(void);
+
+/* The library's version, "MAJOR.MINOR.PATCH". */
+FLASHC_API const char *flashc_version(void);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensors                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum flashc_dtype {
+    FLASHC_F32 = 1,  /* IEEE binary32 */
+    FLASHC_F16 = 2,  /* IEEE binary16 */
+    FLASHC_BF16 = 3  /* bfloat16: the top 16 bits of a binary32 */
+} flashc_dtype;
+
+/* Size in bytes of one element, 0 for a value that is not a flashc_dtype. */
+FLASHC_API size_t flashc_dtype_size(flashc_dtype dtype);
+
+/* A strided view of memory the caller owns.
+ * Q, K, V, O, dO, dQ, dK, dV: ndim 4, shape {batch, seqlen, heads, head_dim}, stride[3] == 1.
+ * LSE: ndim 3, shape {batch, heads_q, seqlen_q}, dtype FLASHC_F32, any non-negative strides.
+ * Strides count elements, not bytes. Dimensions past ndim are ignored. */
+typedef struct flashc_tensor {
+    void *data;
+    flashc_dtype dtype;
+    int32_t ndim;
+    int64_t shape[4];
+    int64_t stride[4];
+} flashc_tensor;
+
+/* A contiguous [batch, seqlen, heads, head_dim] view of data. */
+FLASHC_API flashc_tensor flashc_tensor_contiguous(void *data, flashc_dtype dtype, int64_t batch,
+                                                  int64_t seqlen, int64_t heads, int64_t head_dim);
+
+/* A [batch, seqlen, heads, head_dim] view of a contiguous [batch, heads, seqlen, head_dim]
+ * buffer (PyTorch SDPA's layout). */
+FLASHC_API flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch,
+                                            int64_t heads, int64_t seqlen, int64_t head_dim);
+
+/* A contiguous float32 LSE view, [batch, heads, seqlen_q]. */
+FLASHC_API flashc_tensor flashc_lse_contiguous(float *data, int64_t batch, int64_t heads,
+                                               int64_t seqlen_q);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Parameters                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum flashc_causal {
+    FLASHC_CAUSAL_NONE = 0,
+    /* Query i sees key j when j <= i + seqlen_k - seqlen_q (FlashAttention >= 2.1). Queries
+     * i < seqlen_q - seqlen_k then see no key: their O is 0 and their LSE is -inf. */
+    FLASHC_CAUSAL_BOTTOM_RIGHT = 1,
+    /* Query i sees key j when j <= i (PyTorch SDPA's is_causal for seqlen_q != seqlen_k). */
+    FLASHC_CAUSAL_TOP_LEFT = 2
+} flashc_causal;
+
+/* Options of one call. Always start from flashc_params_init(), which sets struct_size and
+ * the defaults, then set the fields you need: a caller compiled against an older, shorter
+ * struct keeps working, since flashc reads only the first struct_size bytes.
+ * Fields marked "reserved" must stay at their defaults in this version: a backend that does
+ * not implement a feature returns FLASHC_ERROR_UNSUPPORTED rather than ignoring it. */
+typedef struct flashc_params {
+    size_t struct_size;          /* sizeof(flashc_params) of the caller; set by flashc_params_init */
+    float softmax_scale;         /* 0: 1/sqrt(head_dim). Must be finite. */
+    int32_t causal;              /* a flashc_causal */
+    int32_t window_left;         /* reserved: sliding window, keys before the query; -1 = unbounded */
+    int32_t window_right;        /* reserved: keys after the query; -1 = unbounded */
+    float softcap;               /* reserved: logit softcap, 0 = off */
+    const float *alibi_slopes;   /* reserved: ALiBi slopes per head, NULL = off */
+    const int32_t *cu_seqlens_q; /* reserved: varlen prefix sums, NULL = fixed length */
+    const int32_t *cu_seqlens_k; /* reserved */
+    int32_t max_seqlen_q;        /* reserved */
+    int32_t max_seqlen_k;        /* reserved */
+    float dropout_p;             /* reserved: dropout probability on P, 0 = off */
+    uint64_t dropout_seed;       /* reserved */
+    uint64_t dropout_offset;     /* reserved */
+    int32_t deterministic;       /* nonzero: bitwise identical results run to run (backward) */
+    void *stream;                /* CUDA backend: the cudaStream_t to run on; NULL = legacy default */
+    void *workspace;             /* backward scratch of workspace_size bytes, or NULL to let
+                                    flashc allocate (see flashc_backward_workspace_size) */
+    size_t workspace_size;
+} flashc_params;
+
+/* Fills p with the defaults: scale 0 (1/sqrt(d)), not causal, no window, no extras. */
+FLASHC_API void flashc_params_init(flashc_params *p);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backends                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct flashc_backend flashc_backend;
+
+/* Options of a backend handle. Start from flashc_backend_config_init(). */
+typedef struct flashc_backend_config {
+    size_t struct_size;  /* sizeof(flashc_backend_config); set by flashc_backend_config_init */
+    int32_t num_threads; /* CPU: worker threads, 0 = FLASHC_NUM_THREADS or all cores */
+    int32_t device;      /* CUDA: device ordinal, -1 = the current device */
+    const char *cpu_isa; /* CPU: "auto" or NULL, or force a micro-kernel set by name
+                            (FLASHC_CPU_ISA in the environment does the same) */
+} flashc_backend_config;
+
+FLASHC_API void flashc_backend_config_init(flashc_backend_config *cfg);
+
+/* Creates a backend handle. name: "auto" (or NULL) picks CUDA when built in and a device is
+ * present, else the CPU; "cpu", "cuda" or "reference" (the float64 reference: slow, exact,
+ * host memory) ask for one. cfg may be NULL for the defaults. On failure *out is NULL. */
+FLASHC_API flashc_status flashc_backend_create(const char *name, const flashc_backend_config *cfg,
+                                               flashc_backend **out);
+
+/* Frees a handle and what it owns (threads, device workspace). NULL is a no-op. */
+FLASHC_API void flashc_backend_destroy(flashc_backend *backend);
+
+/* The handle's backend name: "cpu", "cuda" or "reference". */
+FLASHC_API const char *flashc_backend_name(const flashc_backend *backend);
+
+/* Whether data for this backend lives in device memory (CUDA) rather than host memory. */
+FLASHC_API int flashc_backend_uses_device_memory(const flashc_backend *backend);
+
+/* 1 if a backend of that name is built in and usable on this machine, else 0. */
+FLASHC_API int flashc_backend_available(const char *name);
+
+/* A one-line description of the backend as set up (threads, ISA, device name...). */
+FLASHC_API const char *flashc_backend_describe(const flashc_backend *backend);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Attention                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Forward: writes out (same shape and dtype as q) and lse ([batch, heads_q, seqlen_q] f32).
+ * q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D], Hq a multiple of Hkv; all one dtype.
+ * params may be NULL for the defaults. */
+FLASHC_API flashc_status flashc_forward(flashc_backend *backend, const flashc_params *params,
+                                        const flashc_tensor *q, const flashc_tensor *k,
+                                        const flashc_tensor *v, flashc_tensor *out,
+                                        flashc_tensor *lse);
+
+/* Backward: given dout and the forward's q, k, v, out and lse, writes dq (like q) and dk, dv
+ * (like k and v; for GQA summed over the query heads sharing a key head). P is recomputed
+ * from lse; the same params as the forward must be passed. */
+FLASHC_API flashc_status flashc_backward(flashc_backend *backend, const flashc_params *params,
+                                         const flashc_tensor *dout, const flashc_tensor *q,
+                                         const flashc_tensor *k, const flashc_tensor *v,
+                                         const flashc_tensor *out, const flashc_tensor *lse,
+                                         flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
+
+/* Bytes of scratch the backward needs for these shapes (0 when it needs none). A caller who
+ * passes params->workspace of at least this size makes the backward allocation-free. */
+FLASHC_API flashc_status flashc_backward_workspace_size(flashc_backend *backend,
+                                                        const flashc_params *params,
+                                                        const flashc_tensor *q,
+                                                        const flashc_tensor *k, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHC_H */

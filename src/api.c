@@ -1,0 +1,568 @@
+/*
+ * api.c - the public entry points: argument validation, backend handles and dispatch.
+ *
+ * Every check happens here, before a backend sees the call, so that a bad argument returns
+ * a status with a message naming it and nothing the caller owns is written.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+struct flashc_backend {
+    const flashc_backend_ops *ops;
+    void *state;
+    char description[256];
+};
+
+const char *flashc_version(void)
+{
+    return FLASHC_VERSION_STRING;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backends                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static const flashc_backend_ops *const all_backends[] = {
+#ifdef FLASHC_HAVE_CUDA
+    &flashc_cuda_backend_ops,
+#endif
+    &flashc_cpu_backend_ops,
+    &flashc_reference_backend_ops,
+};
+#define N_BACKENDS (sizeof all_backends / sizeof all_backends[0])
+
+static const flashc_backend_ops *find_backend(const char *name)
+{
+    for (size_t i = 0; i < N_BACKENDS; i++)
+        if (strcmp(all_backends[i]->name, name) == 0)
+            return all_backends[i];
+    return NULL;
+}
+
+static int is_known_backend_name(const char *name)
+{
+    return strcmp(name, "cpu") == 0 || strcmp(name, "cuda") == 0 ||
+           strcmp(name, "reference") == 0;
+}
+
+int flashc_backend_available(const char *name)
+{
+    if (!name)
+        return 0;
+    if (strcmp(name, "auto") == 0)
+        return 1;
+    const flashc_backend_ops *ops = find_backend(name);
+    return ops && ops->available();
+}
+
+/* Copies a caller's struct of struct_size bytes into a defaulted one of ours: an older,
+ * shorter struct keeps our defaults for the fields it lacks; a newer, longer one is
+ * accepted only if the fields we do not know are zero (so that nothing is silently ignored). */
+static flashc_status copy_versioned(void *dst, size_t dst_size, const void *src, size_t src_size,
+                                    const char *what, const char *init_fn)
+{
+    if (src_size < sizeof(size_t))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "%s.struct_size is %zu: initialize %s with %s()", what, src_size,
+                            what, init_fn);
+    if (src_size > dst_size) {
+        const unsigned char *extra = (const unsigned char *)src + dst_size;
+        for (size_t i = 0; i < src_size - dst_size; i++)
+            if (extra[i] != 0)
+                return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                                    "%s: set fields that this version (%s) of flashc does "
+                                    "not know (struct_size %zu > %zu)",
+                                    what, FLASHC_VERSION_STRING, src_size, dst_size);
+        src_size = dst_size;
+    }
+    memcpy(dst, src, src_size);
+    return FLASHC_OK;
+}
+
+flashc_status flashc_backend_create(const char *name, const flashc_backend_config *cfg,
+                                    flashc_backend **out)
+{
+    if (!out)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "out: pointer to the handle is NULL");
+    *out = NULL;
+
+    flashc_backend_config config;
+    flashc_backend_config_init(&config);
+    if (cfg) {
+        flashc_status st = copy_versioned(&config, sizeof config, cfg, cfg->struct_size,
+                                          "cfg", "flashc_backend_config_init");
+        if (st != FLASHC_OK)
+            return st;
+        config.struct_size = sizeof config;
+    }
+    if (config.num_threads < 0)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "cfg.num_threads is %d: use 0 for the default or a positive count",
+                            config.num_threads);
+    if (config.num_threads > 4096)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "cfg.num_threads is %d: at most 4096 threads", config.num_threads);
+
+    const flashc_backend_ops *ops = NULL;
+    if (!name || strcmp(name, "auto") == 0) {
+        for (size_t i = 0; i < N_BACKENDS && !ops; i++)
+            if (strcmp(all_backends[i]->name, "reference") != 0 && all_backends[i]->available())
+                ops = all_backends[i];
+    } else {
+        ops = find_backend(name);
+        if (!ops) {
+            if (is_known_backend_name(name))
+                return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
+                                    "name: backend '%s' is not built into this library", name);
+            return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
+                                "name: unknown backend '%.64s' (known: auto, cpu, cuda, "
+                                "reference)",
+                                name);
+        }
+        if (!ops->available())
+            return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
+                                "name: backend '%s' is built in but not usable on this machine "
+                                "(no device found)",
+                                name);
+    }
+    if (!ops)
+        return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE, "no backend is available");
+
+    flashc_backend *be = (flashc_backend *)calloc(1, sizeof *be);
+    if (!be)
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "backend handle: out of memory");
+    be->ops = ops;
+    flashc_status st = ops->create(&config, &be->state);
+    if (st != FLASHC_OK) {
+        free(be);
+        return st;
+    }
+    ops->describe(be->state, be->description, sizeof be->description);
+    *out = be;
+    return FLASHC_OK;
+}
+
+void flashc_backend_destroy(flashc_backend *backend)
+{
+    if (!backend)
+        return;
+    backend->ops->destroy(backend->state);
+    free(backend);
+}
+
+const char *flashc_backend_name(const flashc_backend *backend)
+{
+    return backend ? backend->ops->name : "";
+}
+
+int flashc_backend_uses_device_memory(const flashc_backend *backend)
+{
+    return backend ? backend->ops->uses_device_memory : 0;
+}
+
+const char *flashc_backend_describe(const flashc_backend *backend)
+{
+    return backend ? backend->description : "";
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensor checks                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+static const char *const lse_dim_names[3] = {"batch", "heads", "seqlen_q"};
+
+/* Largest size of one dimension: keeps every index product far from int64 overflow. */
+#define MAX_DIM_SIZE ((int64_t)INT32_MAX)
+
+/* Byte range [begin, end) a view touches. Filled once its sizes are known to be safe. */
+typedef struct span {
+    uintptr_t begin, end;
+} span;
+
+/* Checks sizes, strides and that the view's extent neither overflows nor wraps the address
+ * space; fills the byte span. ndim dims of t are used. */
+static flashc_status check_extent(const flashc_tensor *t, const char *name, int ndim,
+                                  const char *const *names, span *sp)
+{
+    size_t esize = flashc_dtype_size(t->dtype);
+    int64_t last = 0; /* offset of the last element */
+    for (int d = 0; d < ndim; d++) {
+        if (t->shape[d] < 1 || t->shape[d] > MAX_DIM_SIZE)
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "%s: shape[%d] (%s) is %lld; each size must be in 1..%lld", name,
+                                d, names[d], (long long)t->shape[d], (long long)MAX_DIM_SIZE);
+        if (t->stride[d] < 0)
+            return flashc_error(FLASHC_ERROR_INVALID_STRIDE,
+                                "%s: stride[%d] (%s) is %lld; strides must be >= 0", name, d,
+                                names[d], (long long)t->stride[d]);
+        int64_t reach;
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "%s: shape and strides overflow a 64-bit offset", name);
+    }
+    int64_t bytes;
+    if (__builtin_add_overflow(last, 1, &bytes) ||
+        __builtin_mul_overflow(bytes, (int64_t)esize, &bytes) || bytes > (int64_t)PTRDIFF_MAX)
+        return flashc_error(FLASHC_ERROR_INVALID_SIZE, "%s: the view's extent overflows", name);
+    uintptr_t begin = (uintptr_t)t->data;
+    if (begin + (uintptr_t)bytes < begin)
+        return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                            "%s: data + extent wraps around the address space", name);
+    sp->begin = begin;
+    sp->end = begin + (uintptr_t)bytes;
+    return FLASHC_OK;
+}
+
+/* An output must not write one element twice: sorted by stride, each stride must step past
+ * everything the smaller strides reach. */
+static flashc_status check_no_self_overlap(const flashc_tensor *t, const char *name, int ndim)
+{
+    int order[4];
+    int n = 0;
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] > 1)
+            order[n++] = d;
+    for (int i = 1; i < n; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && t->stride[order[j]] < t->stride[order[j - 1]]; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    int64_t reach = 0; /* largest offset the dims so far reach */
+    for (int i = 0; i < n; i++) {
+        int d = order[i];
+        if (t->stride[d] <= reach)
+            return flashc_error(FLASHC_ERROR_INVALID_STRIDE,
+                                "%s: stride[%d] is %lld, which makes elements of this output "
+                                "overlap",
+                                name, d, (long long)t->stride[d]);
+        reach += (t->shape[d] - 1) * t->stride[d];
+    }
+    return FLASHC_OK;
+}
+
+static flashc_status check_common(const flashc_tensor *t, const char *name)
+{
+    if (!t)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "%s: tensor descriptor is NULL", name);
+    if (!t->data)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "%s: data pointer is NULL", name);
+    if (flashc_dtype_size(t->dtype) == 0)
+        return flashc_error(FLASHC_ERROR_INVALID_DTYPE, "%s: dtype %d is not a flashc_dtype",
+                            name, (int)t->dtype);
+    return FLASHC_OK;
+}
+
+/* A [batch, seqlen, heads, head_dim] tensor. */
+static flashc_status check_tensor4(const flashc_tensor *t, const char *name, int is_output,
+                                   span *sp)
+{
+    flashc_status st = check_common(t, name);
+    if (st != FLASHC_OK)
+        return st;
+    if (t->ndim != 4)
+        return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                            "%s: ndim is %d; attention tensors are 4-d [batch, seqlen, heads, "
+                            "head_dim]",
+                            name, (int)t->ndim);
+    if (t->shape[3] < 1 || t->shape[3] > FLASHC_MAX_HEAD_DIM)
+        return flashc_error(FLASHC_ERROR_INVALID_HEAD_DIM,
+                            "%s: head_dim (shape[3]) is %lld; it must be in 1..%d", name,
+                            (long long)t->shape[3], FLASHC_MAX_HEAD_DIM);
+    if (t->stride[3] != 1)
+        return flashc_error(FLASHC_ERROR_INVALID_STRIDE,
+                            "%s: stride[3] is %lld; the head_dim dimension must be contiguous "
+                            "(stride 1)",
+                            name, (long long)t->stride[3]);
+    st = check_extent(t, name, 4, dim_names, sp);
+    if (st == FLASHC_OK && is_output)
+        st = check_no_self_overlap(t, name, 4);
+    return st;
+}
+
+/* The [batch, heads_q, seqlen_q] float32 LSE. */
+static flashc_status check_lse(const flashc_tensor *t, const char *name, int is_output,
+                               const flashc_tensor *q, span *sp)
+{
+    flashc_status st = check_common(t, name);
+    if (st != FLASHC_OK)
+        return st;
+    if (t->dtype != FLASHC_F32)
+        return flashc_error(FLASHC_ERROR_DTYPE_MISMATCH, "%s: dtype must be FLASHC_F32", name);
+    if (t->ndim != 3)
+        return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                            "%s: ndim is %d; lse is 3-d [batch, heads_q, seqlen_q]", name,
+                            (int)t->ndim);
+    st = check_extent(t, name, 3, lse_dim_names, sp);
+    if (st != FLASHC_OK)
+        return st;
+    const int64_t want[3] = {q->shape[0], q->shape[2], q->shape[1]};
+    for (int d = 0; d < 3; d++)
+        if (t->shape[d] != want[d])
+            return flashc_error(FLASHC_ERROR_SHAPE_MISMATCH,
+                                "%s: shape[%d] (%s) is %lld but q gives %lld", name, d,
+                                lse_dim_names[d], (long long)t->shape[d], (long long)want[d]);
+    return is_output ? check_no_self_overlap(t, name, 3) : FLASHC_OK;
+}
+
+static flashc_status check_same_shape(const flashc_tensor *t, const char *name,
+                                      const flashc_tensor *like, const char *like_name)
+{
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != like->shape[d])
+            return flashc_error(FLASHC_ERROR_SHAPE_MISMATCH,
+                                "%s: shape[%d] (%s) is %lld but %s has %lld", name, d,
+                                dim_names[d], (long long)t->shape[d], like_name,
+                                (long long)like->shape[d]);
+    return FLASHC_OK;
+}
+
+static flashc_status check_dtype(const flashc_tensor *t, const char *name, flashc_dtype want,
+                                 int allow_f32)
+{
+    if (t->dtype == want || (allow_f32 && t->dtype == FLASHC_F32))
+        return FLASHC_OK;
+    return flashc_error(FLASHC_ERROR_DTYPE_MISMATCH, "%s: dtype %d differs from q's dtype %d",
+                        name, (int)t->dtype, (int)want);
+}
+
+/* q against k: batch and head_dim agree, heads_q a multiple of heads_kv. */
+static flashc_status check_q_k(const flashc_tensor *q, const flashc_tensor *k)
+{
+    if (k->shape[0] != q->shape[0])
+        return flashc_error(FLASHC_ERROR_SHAPE_MISMATCH,
+                            "k: shape[0] (batch) is %lld but q has %lld",
+                            (long long)k->shape[0], (long long)q->shape[0]);
+    if (k->shape[3] != q->shape[3])
+        return flashc_error(FLASHC_ERROR_SHAPE_MISMATCH,
+                            "k: shape[3] (head_dim) is %lld but q has %lld",
+                            (long long)k->shape[3], (long long)q->shape[3]);
+    if (q->shape[2] % k->shape[2] != 0)
+        return flashc_error(FLASHC_ERROR_INVALID_HEADS,
+                            "q: heads_q (%lld) is not a multiple of heads_kv (%lld) of k",
+                            (long long)q->shape[2], (long long)k->shape[2]);
+    return FLASHC_OK;
+}
+
+typedef struct named_span {
+    const char *name;
+    span sp;
+    int is_output;
+} named_span;
+
+/* Each output's bytes must be disjoint from every other tensor's. */
+static flashc_status check_aliasing(const named_span *spans, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!spans[i].is_output)
+            continue;
+        for (int j = 0; j < n; j++) {
+            if (j == i || (spans[j].is_output && j < i))
+                continue;
+            if (spans[i].sp.begin < spans[j].sp.end && spans[j].sp.begin < spans[i].sp.end)
+                return flashc_error(FLASHC_ERROR_ALIASING,
+                                    "%s: output memory overlaps %s %s", spans[i].name,
+                                    spans[j].is_output ? "output" : "input", spans[j].name);
+        }
+    }
+    return FLASHC_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Params                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static flashc_status check_params(const flashc_params *user, flashc_params *p)
+{
+    flashc_params_init(p);
+    if (user) {
+        flashc_status st = copy_versioned(p, sizeof *p, user, user->struct_size, "params",
+                                          "flashc_params_init");
+        if (st != FLASHC_OK)
+            return st;
+    }
+    if (!isfinite(p->softmax_scale))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM, "params.softmax_scale is not finite");
+    if (p->causal != FLASHC_CAUSAL_NONE && p->causal != FLASHC_CAUSAL_BOTTOM_RIGHT &&
+        p->causal != FLASHC_CAUSAL_TOP_LEFT)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.causal is %d: use FLASHC_CAUSAL_NONE, _BOTTOM_RIGHT or "
+                            "_TOP_LEFT",
+                            (int)p->causal);
+    if (p->window_left < -1 || p->window_right < -1)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.window_left/window_right must be >= -1 (-1 = unbounded)");
+    if (p->window_left != -1 || p->window_right != -1)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "params.window_left/window_right: sliding windows are not "
+                            "implemented in this version");
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.softcap must be a finite value >= 0 (0 = off)");
+    if (p->softcap != 0.0f)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "params.softcap: logit softcap is not implemented in this version");
+    if (p->alibi_slopes)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "params.alibi_slopes: ALiBi is not implemented in this version");
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->max_seqlen_q || p->max_seqlen_k)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "params.cu_seqlens_q/k, max_seqlen_q/k: variable-length batches "
+                            "are not implemented in this version");
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM, "params.dropout_p must be in [0, 1)");
+    if (p->dropout_p != 0.0f)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "params.dropout_p: dropout is not implemented in this version");
+    if (p->workspace_size > 0 && !p->workspace)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "params.workspace is NULL but params.workspace_size is %zu",
+                            p->workspace_size);
+    return FLASHC_OK;
+}
+
+static void fill_problem(flashc_problem *pr, const flashc_params *p, const flashc_tensor *q,
+                         const flashc_tensor *k, flashc_dtype out_dtype)
+{
+    memset(pr, 0, sizeof *pr);
+    pr->batch = q->shape[0];
+    pr->seqlen_q = q->shape[1];
+    pr->heads_q = q->shape[2];
+    pr->head_dim = q->shape[3];
+    pr->seqlen_k = k->shape[1];
+    pr->heads_kv = k->shape[2];
+    pr->dtype = q->dtype;
+    pr->out_dtype = out_dtype;
+    pr->scale = p->softmax_scale != 0.0f ? p->softmax_scale
+                                         : (float)(1.0 / sqrt((double)pr->head_dim));
+    pr->causal = p->causal;
+    pr->deterministic = p->deterministic;
+    pr->stream = p->stream;
+    pr->workspace = p->workspace;
+    pr->workspace_size = p->workspace_size;
+}
+
+#define TRY(expr)                                                                            \
+    do {                                                                                     \
+        flashc_status try_status_ = (expr);                                                  \
+        if (try_status_ != FLASHC_OK)                                                        \
+            return try_status_;                                                              \
+    } while (0)
+
+static flashc_status check_backend(const flashc_backend *backend)
+{
+    if (!backend)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "backend: handle is NULL (create one with flashc_backend_create)");
+    return FLASHC_OK;
+}
+
+/* Validates the tensors shared by forward, backward and the workspace query: q and k. */
+static flashc_status check_q_k_tensors(const flashc_tensor *q, const flashc_tensor *k, span *sq,
+                                       span *sk)
+{
+    TRY(check_tensor4(q, "q", 0, sq));
+    TRY(check_tensor4(k, "k", 0, sk));
+    TRY(check_dtype(k, "k", q->dtype, 0));
+    return check_q_k(q, k);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Entry points                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+flashc_status flashc_forward(flashc_backend *backend, const flashc_params *params,
+                             const flashc_tensor *q, const flashc_tensor *k,
+                             const flashc_tensor *v, flashc_tensor *out, flashc_tensor *lse)
+{
+    TRY(check_backend(backend));
+    flashc_params p;
+    TRY(check_params(params, &p));
+    int f32_ok = backend->ops->accepts_f32_outputs;
+    named_span s[5] = {{"q", {0, 0}, 0}, {"k", {0, 0}, 0}, {"v", {0, 0}, 0},
+                       {"out", {0, 0}, 1}, {"lse", {0, 0}, 1}};
+    TRY(check_q_k_tensors(q, k, &s[0].sp, &s[1].sp));
+    TRY(check_tensor4(v, "v", 0, &s[2].sp));
+    TRY(check_dtype(v, "v", q->dtype, 0));
+    TRY(check_same_shape(v, "v", k, "k"));
+    TRY(check_tensor4(out, "out", 1, &s[3].sp));
+    TRY(check_dtype(out, "out", q->dtype, f32_ok));
+    TRY(check_same_shape(out, "out", q, "q"));
+    TRY(check_lse(lse, "lse", 1, q, &s[4].sp));
+    TRY(check_aliasing(s, 5));
+
+    flashc_problem pr;
+    fill_problem(&pr, &p, q, k, out->dtype);
+    return backend->ops->forward(backend->state, &pr, q, k, v, out, lse);
+}
+
+flashc_status flashc_backward(flashc_backend *backend, const flashc_params *params,
+                              const flashc_tensor *dout, const flashc_tensor *q,
+                              const flashc_tensor *k, const flashc_tensor *v,
+                              const flashc_tensor *out, const flashc_tensor *lse,
+                              flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv)
+{
+    TRY(check_backend(backend));
+    flashc_params p;
+    TRY(check_params(params, &p));
+    int f32_ok = backend->ops->accepts_f32_outputs;
+    named_span s[9] = {{"dout", {0, 0}, 0}, {"q", {0, 0}, 0},  {"k", {0, 0}, 0},
+                       {"v", {0, 0}, 0},    {"out", {0, 0}, 0}, {"lse", {0, 0}, 0},
+                       {"dq", {0, 0}, 1},   {"dk", {0, 0}, 1},  {"dv", {0, 0}, 1}};
+    TRY(check_q_k_tensors(q, k, &s[1].sp, &s[2].sp));
+    TRY(check_tensor4(v, "v", 0, &s[3].sp));
+    TRY(check_dtype(v, "v", q->dtype, 0));
+    TRY(check_same_shape(v, "v", k, "k"));
+    TRY(check_tensor4(dout, "dout", 0, &s[0].sp));
+    TRY(check_dtype(dout, "dout", q->dtype, f32_ok));
+    TRY(check_same_shape(dout, "dout", q, "q"));
+    TRY(check_tensor4(out, "out", 0, &s[4].sp));
+    TRY(check_dtype(out, "out", q->dtype, f32_ok));
+    TRY(check_same_shape(out, "out", q, "q"));
+    TRY(check_lse(lse, "lse", 0, q, &s[5].sp));
+    TRY(check_tensor4(dq, "dq", 1, &s[6].sp));
+    TRY(check_dtype(dq, "dq", q->dtype, f32_ok));
+    TRY(check_same_shape(dq, "dq", q, "q"));
+    TRY(check_tensor4(dk, "dk", 1, &s[7].sp));
+    TRY(check_dtype(dk, "dk", q->dtype, f32_ok));
+    TRY(check_same_shape(dk, "dk", k, "k"));
+    TRY(check_tensor4(dv, "dv", 1, &s[8].sp));
+    TRY(check_dtype(dv, "dv", q->dtype, f32_ok));
+    TRY(check_same_shape(dv, "dv", k, "k"));
+    TRY(check_aliasing(s, 9));
+
+    flashc_problem pr;
+    fill_problem(&pr, &p, q, k, dq->dtype);
+    if (pr.workspace) {
+        size_t need = backend->ops->backward_workspace_size(backend->state, &pr);
+        if (pr.workspace_size < need)
+            return flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
+                                "params.workspace_size is %zu but this backward needs %zu bytes",
+                                pr.workspace_size, need);
+    }
+    return backend->ops->backward(backend->state, &pr, dout, q, k, v, out, lse, dq, dk, dv);
+}
+
+flashc_status flashc_backward_workspace_size(flashc_backend *backend,
+                                             const flashc_params *params,
+                                             const flashc_tensor *q, const flashc_tensor *k,
+                                             size_t *bytes)
+{
+    if (!bytes)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "bytes: output pointer is NULL");
+    TRY(check_backend(backend));
+    flashc_params p;
+    TRY(check_params(params, &p));
+    span sq, sk;
+    TRY(check_q_k_tensors(q, k, &sq, &sk));
+    flashc_problem pr;
+    fill_problem(&pr, &p, q, k, q->dtype);
+    *bytes = backend->ops->backward_workspace_size(backend->state, &pr);
+    return FLASHC_OK;
+}

@@ -1,0 +1,298 @@
+/*
+ * reference.c - the float64 reference forward and backward, and the "reference" backend that
+ * exposes them through the public API (outputs rounded to the output tensors' dtype, which
+ * may be float32 whatever the input dtype, so that a test can compare against near-exact
+ * values).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "ref/reference.h"
+
+/* Row of a 4-d tensor as doubles. */
+static void load_row_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t s, int64_t h,
+                         int64_t n)
+{
+    const void *row = flashc_row_ptr(t, b, s, h);
+    for (int64_t d = 0; d < n; d++)
+        dst[d] = (double)flashc_load(row, t->dtype, d);
+}
+
+/* Loads q[b, :, h, :] or k/v[b, :, h, :] into a dense [seqlen, D] array. */
+static void load_head_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t h)
+{
+    int64_t n = t->shape[1], dim = t->shape[3];
+    for (int64_t s = 0; s < n; s++)
+        load_row_f64(dst + s * dim, t, b, s, h, dim);
+}
+
+/* Scores of query row qi against every key, masked entries -inf; returns the row max. */
+static double score_row(const flashc_problem *pr, const double *qi, const double *kh, int64_t i,
+                        double *srow)
+{
+    int64_t dim = pr->head_dim, end = flashc_key_end(pr, i);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < pr->seqlen_k; j++) {
+        if (j >= end) {
+            srow[j] = -INFINITY;
+            continue;
+        }
+        double acc = 0.0;
+        for (int64_t d = 0; d < dim; d++)
+            acc += qi[d] * kh[j * dim + d];
+        srow[j] = acc * (double)pr->scale;
+        if (srow[j] > mx)
+            mx = srow[j];
+    }
+    return mx;
+}
+
+/* Softmax of a score row in place; returns the LSE (-inf for a fully masked row, P = 0). */
+static double softmax_row(double *srow, int64_t n, double mx)
+{
+    if (mx == -INFINITY) {
+        for (int64_t j = 0; j < n; j++)
+            srow[j] = 0.0;
+        return -INFINITY;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        srow[j] = srow[j] == -INFINITY ? 0.0 : exp(srow[j] - mx);
+        sum += srow[j];
+    }
+    for (int64_t j = 0; j < n; j++)
+        srow[j] /= sum;
+    return mx + log(sum);
+}
+
+typedef struct ref_scratch {
+    double *qh, *kh, *vh, *doh, *srow, *dprow;
+} ref_scratch;
+
+static void free_scratch(ref_scratch *s)
+{
+    free(s->qh);
+    free(s->kh);
+    free(s->vh);
+    free(s->doh);
+    free(s->srow);
+    free(s->dprow);
+}
+
+static flashc_status alloc_scratch(ref_scratch *s, const flashc_problem *pr, int backward)
+{
+    size_t dim = (size_t)pr->head_dim, nq = (size_t)pr->seqlen_q, nk = (size_t)pr->seqlen_k;
+    memset(s, 0, sizeof *s);
+    s->qh = malloc(nq * dim * sizeof(double));
+    s->kh = malloc(nk * dim * sizeof(double));
+    s->vh = malloc(nk * dim * sizeof(double));
+    s->srow = malloc(nk * sizeof(double));
+    if (backward) {
+        s->doh = malloc(nq * dim * sizeof(double));
+        s->dprow = malloc(nk * sizeof(double));
+    }
+    if (!s->qh || !s->kh || !s->vh || !s->srow || (backward && (!s->doh || !s->dprow))) {
+        free_scratch(s);
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "reference: out of memory for scratch");
+    }
+    return FLASHC_OK;
+}
+
+flashc_status flashc_ref_forward_f64(const flashc_problem *pr, const flashc_tensor *q,
+                                     const flashc_tensor *k, const flashc_tensor *v, double *out,
+                                     double *lse)
+{
+    ref_scratch s;
+    if (alloc_scratch(&s, pr, 0) != FLASHC_OK)
+        return FLASHC_ERROR_OUT_OF_MEMORY;
+    int64_t dim = pr->head_dim, group = pr->heads_q / pr->heads_kv;
+    for (int64_t b = 0; b < pr->batch; b++)
+        for (int64_t h = 0; h < pr->heads_q; h++) {
+            load_head_f64(s.qh, q, b, h);
+            load_head_f64(s.kh, k, b, h / group);
+            load_head_f64(s.vh, v, b, h / group);
+            for (int64_t i = 0; i < pr->seqlen_q; i++) {
+                double mx = score_row(pr, s.qh + i * dim, s.kh, i, s.srow);
+                double l = softmax_row(s.srow, pr->seqlen_k, mx);
+                if (lse)
+                    lse[(b * pr->heads_q + h) * pr->seqlen_q + i] = l;
+                if (!out)
+                    continue;
+                double *o = out + ((b * pr->seqlen_q + i) * pr->heads_q + h) * dim;
+                for (int64_t d = 0; d < dim; d++)
+                    o[d] = 0.0;
+                for (int64_t j = 0; j < pr->seqlen_k; j++) {
+                    double p = s.srow[j];
+                    if (p == 0.0)
+                        continue;
+                    for (int64_t d = 0; d < dim; d++)
+                        o[d] += p * s.vh[j * dim + d];
+                }
+            }
+        }
+    free_scratch(&s);
+    return FLASHC_OK;
+}
+
+flashc_status flashc_ref_backward_f64(const flashc_problem *pr, const flashc_tensor *dout,
+                                      const flashc_tensor *q, const flashc_tensor *k,
+                                      const flashc_tensor *v, double *dq, double *dk, double *dv)
+{
+    ref_scratch s;
+    if (alloc_scratch(&s, pr, 1) != FLASHC_OK)
+        return FLASHC_ERROR_OUT_OF_MEMORY;
+    int64_t dim = pr->head_dim, group = pr->heads_q / pr->heads_kv;
+    int64_t nq = pr->seqlen_q, nk = pr->seqlen_k;
+    double scale = (double)pr->scale;
+    memset(dk, 0, (size_t)(pr->batch * nk * pr->heads_kv * dim) * sizeof(double));
+    memset(dv, 0, (size_t)(pr->batch * nk * pr->heads_kv * dim) * sizeof(double));
+    for (int64_t b = 0; b < pr->batch; b++)
+        for (int64_t h = 0; h < pr->heads_q; h++) {
+            int64_t hk = h / group;
+            load_head_f64(s.qh, q, b, h);
+            load_head_f64(s.kh, k, b, hk);
+            load_head_f64(s.vh, v, b, hk);
+            load_head_f64(s.doh, dout, b, h);
+            for (int64_t i = 0; i < nq; i++) {
+                const double *qi = s.qh + i * dim, *doi = s.doh + i * dim;
+                double mx = score_row(pr, qi, s.kh, i, s.srow);
+                softmax_row(s.srow, nk, mx); /* srow = P */
+                double delta = 0.0;          /* sum_j P_ij dP_ij = rowsum(dO * O) */
+                for (int64_t j = 0; j < nk; j++) {
+                    double acc = 0.0;
+                    for (int64_t d = 0; d < dim; d++)
+                        acc += doi[d] * s.vh[j * dim + d];
+                    s.dprow[j] = acc;
+                    delta += s.srow[j] * acc;
+                }
+                double *dqi = dq + ((b * nq + i) * pr->heads_q + h) * dim;
+                for (int64_t d = 0; d < dim; d++)
+                    dqi[d] = 0.0;
+                for (int64_t j = 0; j < nk; j++) {
+                    double p = s.srow[j];
+                    if (p == 0.0)
+                        continue;
+                    double ds = p * (s.dprow[j] - delta) * scale;
+                    double *dkj = dk + ((b * nk + j) * pr->heads_kv + hk) * dim;
+                    double *dvj = dv + ((b * nk + j) * pr->heads_kv + hk) * dim;
+                    for (int64_t d = 0; d < dim; d++) {
+                        dqi[d] += ds * s.kh[j * dim + d];
+                        dkj[d] += ds * qi[d];
+                        dvj[d] += p * doi[d];
+                    }
+                }
+            }
+        }
+    free_scratch(&s);
+    return FLASHC_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The "reference" backend                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static int ref_available(void)
+{
+    return 1;
+}
+
+static flashc_status ref_create(const flashc_backend_config *cfg, void **state)
+{
+    *state = NULL;
+    return FLASHC_OK;
+}
+
+static void ref_destroy(void *state) {}
+
+static void ref_describe(void *state, char *buf, size_t size)
+{
+    snprintf(buf, size, "reference: float64, single-threaded, exact");
+}
+
+/* Writes a dense [B, N, H, D] double array into a 4-d tensor view, rounding to its dtype. */
+static void store_dense(flashc_tensor *t, const double *src)
+{
+    int64_t n = t->shape[1], heads = t->shape[2], dim = t->shape[3];
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t s = 0; s < n; s++)
+            for (int64_t h = 0; h < heads; h++) {
+                void *row = flashc_row_ptr(t, b, s, h);
+                const double *x = src + ((b * n + s) * heads + h) * dim;
+                for (int64_t d = 0; d < dim; d++)
+                    flashc_store(row, t->dtype, d, (float)x[d]);
+            }
+}
+
+static double *alloc_dense(const flashc_tensor *t)
+{
+    size_t n = (size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]);
+    return malloc(n * sizeof(double));
+}
+
+static flashc_status ref_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
+                                 const flashc_tensor *k, const flashc_tensor *v,
+                                 flashc_tensor *out, flashc_tensor *lse)
+{
+    double *o = alloc_dense(out);
+    double *l = malloc((size_t)(pr->batch * pr->heads_q * pr->seqlen_q) * sizeof(double));
+    flashc_status st = FLASHC_ERROR_OUT_OF_MEMORY;
+    if (o && l)
+        st = flashc_ref_forward_f64(pr, q, k, v, o, l);
+    else
+        flashc_error(st, "reference: out of memory");
+    if (st == FLASHC_OK) {
+        store_dense(out, o);
+        for (int64_t b = 0; b < pr->batch; b++)
+            for (int64_t h = 0; h < pr->heads_q; h++)
+                for (int64_t i = 0; i < pr->seqlen_q; i++)
+                    *flashc_lse_ptr(lse, b, h, i) =
+                        (float)l[(b * pr->heads_q + h) * pr->seqlen_q + i];
+    }
+    free(o);
+    free(l);
+    return st;
+}
+
+static flashc_status ref_backward(void *state, const flashc_problem *pr,
+                                  const flashc_tensor *dout, const flashc_tensor *q,
+                                  const flashc_tensor *k, const flashc_tensor *v,
+                                  const flashc_tensor *out, const flashc_tensor *lse,
+                                  flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv)
+{
+    double *gq = alloc_dense(dq), *gk = alloc_dense(dk), *gv = alloc_dense(dv);
+    flashc_status st = FLASHC_ERROR_OUT_OF_MEMORY;
+    if (gq && gk && gv)
+        st = flashc_ref_backward_f64(pr, dout, q, k, v, gq, gk, gv);
+    else
+        flashc_error(st, "reference: out of memory");
+    if (st == FLASHC_OK) {
+        store_dense(dq, gq);
+        store_dense(dk, gk);
+        store_dense(dv, gv);
+    }
+    free(gq);
+    free(gk);
+    free(gv);
+    return st;
+}
+
+static size_t ref_workspace_size(void *state, const flashc_problem *pr)
+{
+    return 0;
+}
+
+const flashc_backend_ops flashc_reference_backend_ops = {
+    .name = "reference",
+    .uses_device_memory = 0,
+    .accepts_f32_outputs = 1,
+    .available = ref_available,
+    .create = ref_create,
+    .destroy = ref_destroy,
+    .describe = ref_describe,
+    .forward = ref_forward,
+    .backward = ref_backward,
+    .backward_workspace_size = ref_workspace_size,
+};

@@ -1,0 +1,1 @@
+int main(int c, char**v){return 0;}
