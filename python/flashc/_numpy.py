@@ -41,6 +41,8 @@ def element_strides(array, last_contiguous):
     Dimensions of size 1 get stride 0, the head_dim one 1: they are never stepped along, and
     numpy leaves arbitrary (even negative) values there."""
     itemsize = array.itemsize
+    if array.size == 0:  # nothing is read; the library reports the empty size itself
+        return [0] * (array.ndim - 1) + [1] if array.ndim else []
     strides = []
     for size, stride in zip(array.shape, array.strides):
         if size == 1:
