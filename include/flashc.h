@@ -209,6 +209,26 @@ FLASHC_API int flashc_backend_available(const char *name);
 /* A one-line description of the backend as set up (threads, ISA, device name...). */
 FLASHC_API const char *flashc_backend_describe(const flashc_backend *backend);
 
+/* Memory of the kind the backend computes on (device memory for CUDA, host memory for the
+ * others), so that a C program can run any backend without its own runtime calls.
+ * flashc_backend_malloc returns 64-byte aligned memory; flashc_backend_free(NULL) is a no-op. */
+FLASHC_API flashc_status flashc_backend_malloc(flashc_backend *backend, size_t bytes, void **ptr);
+FLASHC_API void flashc_backend_free(flashc_backend *backend, void *ptr);
+
+typedef enum flashc_copy_kind {
+    FLASHC_COPY_TO_BACKEND = 1, /* host -> backend memory */
+    FLASHC_COPY_TO_HOST = 2     /* backend memory -> host */
+} flashc_copy_kind;
+
+/* Copies bytes between host memory and backend memory; returns when the copy is done. */
+FLASHC_API flashc_status flashc_backend_memcpy(flashc_backend *backend, void *dst,
+                                               const void *src, size_t bytes,
+                                               flashc_copy_kind kind);
+
+/* Waits until work the backend queued on stream (a cudaStream_t for CUDA, NULL for the
+ * default stream) has finished. The host backends finish each call before returning. */
+FLASHC_API flashc_status flashc_backend_synchronize(flashc_backend *backend, void *stream);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Attention                                                                                */
 /* ---------------------------------------------------------------------------------------- */

@@ -169,6 +169,63 @@ const char *flashc_backend_describe(const flashc_backend *backend)
     return backend ? backend->description : "";
 }
 
+flashc_status flashc_backend_malloc(flashc_backend *backend, size_t bytes, void **ptr)
+{
+    if (!ptr)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "ptr: output pointer is NULL");
+    *ptr = NULL;
+    if (!backend)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "backend: handle is NULL");
+    if (bytes == 0)
+        bytes = 1;
+    if (backend->ops->malloc_fn)
+        return backend->ops->malloc_fn(backend->state, bytes, ptr);
+    if (bytes > (size_t)PTRDIFF_MAX - 64)
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "bytes: %zu is too large", bytes);
+    *ptr = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!*ptr)
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "out of memory for %zu bytes", bytes);
+    return FLASHC_OK;
+}
+
+void flashc_backend_free(flashc_backend *backend, void *ptr)
+{
+    if (!backend || !ptr)
+        return;
+    if (backend->ops->free_fn)
+        backend->ops->free_fn(backend->state, ptr);
+    else
+        free(ptr);
+}
+
+flashc_status flashc_backend_memcpy(flashc_backend *backend, void *dst, const void *src,
+                                    size_t bytes, flashc_copy_kind kind)
+{
+    if (!backend)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "backend: handle is NULL");
+    if (kind != FLASHC_COPY_TO_BACKEND && kind != FLASHC_COPY_TO_HOST)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM, "kind: %d is not a flashc_copy_kind",
+                            (int)kind);
+    if (bytes == 0)
+        return FLASHC_OK;
+    if (!dst || !src)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "%s: pointer is NULL",
+                            dst ? "src" : "dst");
+    if (backend->ops->memcpy_fn)
+        return backend->ops->memcpy_fn(backend->state, dst, src, bytes, kind);
+    memmove(dst, src, bytes);
+    return FLASHC_OK;
+}
+
+flashc_status flashc_backend_synchronize(flashc_backend *backend, void *stream)
+{
+    if (!backend)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "backend: handle is NULL");
+    if (backend->ops->synchronize_fn)
+        return backend->ops->synchronize_fn(backend->state, stream);
+    return FLASHC_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Tensor checks                                                                            */
 /* ---------------------------------------------------------------------------------------- */

@@ -66,6 +66,13 @@ typedef struct flashc_backend_ops {
                               const flashc_tensor *lse, flashc_tensor *dq, flashc_tensor *dk,
                               flashc_tensor *dv);
     size_t (*backward_workspace_size)(void *state, const flashc_problem *pr);
+    /* Memory of the backend's kind. NULL for host backends: api.c then uses the C library.
+     * All four are set or none. */
+    flashc_status (*malloc_fn)(void *state, size_t bytes, void **ptr);
+    void (*free_fn)(void *state, void *ptr);
+    flashc_status (*memcpy_fn)(void *state, void *dst, const void *src, size_t bytes,
+                               flashc_copy_kind kind);
+    flashc_status (*synchronize_fn)(void *state, void *stream);
 } flashc_backend_ops;
 
 extern const flashc_backend_ops flashc_reference_backend_ops;
