@@ -40,8 +40,7 @@ fc_fwd_kernel(const fc_fwd_args a)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
-    const int bh = blockIdx.y;
-    const int b = bh / a.heads_q, h = bh - b * a.heads_q, hk = h / a.group;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
     const int m0 = m_block * BM;
     const int rows_valid = a.seqlen_q - m0;
 
@@ -272,7 +271,7 @@ static cudaError_t launch_fwd_cfg(const fc_fwd_args *a, int batch, cudaStream_t 
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem);
     if (err != cudaSuccess) return err;
-    dim3 grid((a->seqlen_q + BM - 1) / BM, (unsigned)(batch * a->heads_q));
+    dim3 grid((a->seqlen_q + BM - 1) / BM, (unsigned)a->heads_q, (unsigned)batch);
     fc_fwd_kernel<D, BM, BN, NW, BF16><<<grid, NW * 32, smem, stream>>>(*a);
     return cudaGetLastError();
 }

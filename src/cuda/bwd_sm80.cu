@@ -1,0 +1,604 @@
+/*
+ * bwd_sm80.cu - the FlashAttention-2 backward on tensor cores with mma.sync (sm_80 and later).
+ *
+ * Kernels, in launch order:
+ *
+ *   fc_bwd_prep     one warp per query row: delta = rowsum(dO * O) in fp32, and the LSE moved
+ *                   into the log2 domain (+inf for a row that saw no key, so its P is 0).
+ *   fc_bwd_dkdv     one CTA per block of BN keys of one (batch, kv head); it loops over the
+ *                   query blocks that see those keys and over the query heads of the GQA
+ *                   group, so dK and dV are summed in registers and written once. The
+ *                   products are taken with the keys as rows, so that P^T and dS^T come out
+ *                   of the mma in exactly the register layout of the next A operand:
+ *
+ *                       S^T  = K Q^T               P^T = exp2(S^T * scale log2 e - lse2)
+ *                       dV  += P^T dO              (P^T from registers, dO by ldmatrix.trans)
+ *                       dP^T = V dO^T              dS^T = P^T * (dP^T - delta)
+ *                       dK  += dS^T Q              (dS^T from registers, Q by ldmatrix.trans)
+ *                       dQ  += dS K                (dS^T through shared memory; fp32 atomics)
+ *
+ *                   Each warp owns 16 keys; Q, dO, lse2 and delta of the next query block are
+ *                   fetched with cp.async while the current one is computed. For head dims
+ *                   above 128 the dK and dV accumulators of 16 x D would not both fit in
+ *                   registers, so the kernel runs twice: once for dV, once for dK (and dQ).
+ *   fc_bwd_dq       (deterministic mode) one CTA per block of queries, looping over the keys:
+ *                   dQ = sum_j dS_j K_j with no atomics, so the result is bitwise the same on
+ *                   every run; the dK/dV kernel then skips dQ.
+ *   fc_bwd_dq_convert   dq_accum * scale -> dQ in the input type, strided.
+ */
+#include <math.h>
+
+#include "common.cuh"
+
+#define FC_LOG2E 1.4426950408889634f
+
+/* ---- pre-pass ---------------------------------------------------------------------------- */
+
+template <int BF16>
+__global__ void __launch_bounds__(256) fc_bwd_prep_kernel(const fc_bwd_args a, int batch)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row_id = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row_id >= (int64_t)batch * a.heads_q * a.nq_pad) return;
+    const int bh = (int)(row_id / a.nq_pad);
+    const int i = (int)(row_id - (int64_t)bh * a.nq_pad);
+    const int b = bh / a.heads_q, h = bh - b * a.heads_q;
+    float dot = 0.f, lse2 = INFINITY;
+    if (i < a.seqlen_q) {
+        if (lane * 8 < a.head_dim) { /* head_dim <= 256: one 8-element chunk per lane */
+            const uint4 ov = *(const uint4 *)(a.o + b * a.o_sb + h * a.o_sh + (int64_t)i * a.o_ss + lane * 8);
+            const uint4 dv = *(const uint4 *)(a.dout + b * a.do_sb + h * a.do_sh + (int64_t)i * a.do_ss + lane * 8);
+            const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                dot += to_float<BF16>(ow[j]) * to_float<BF16>(dw[j]) +
+                       to_float<BF16>(ow[j] >> 16) * to_float<BF16>(dw[j] >> 16);
+        }
+        const float lse = a.lse[b * a.lse_sb + h * a.lse_sh + (int64_t)i * a.lse_ss];
+        lse2 = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) {
+        a.delta[row_id] = dot;
+        a.lse2[row_id] = lse2;
+    }
+}
+
+/* ---- dK, dV (and dQ through atomics) ----------------------------------------------------- */
+
+/* Fetches Q, dO, lse2 and delta of step it of the dK/dV loop (query head it / n_m of the
+ * group, query block m_block_begin + it % n_m) into one pipeline stage. */
+template <int D, int BM, int NT>
+static __device__ __forceinline__ void bwd_prefetch(const fc_bwd_args &a, int b, int hk, int it,
+                                                    int n_m, int m_block_begin, uint16_t *sQ,
+                                                    uint16_t *sdO, float *sLse, float *sDelta,
+                                                    int tid)
+{
+    const int h = hk * a.group + it / n_m;
+    const int m0 = (m_block_begin + it % n_m) * BM;
+    const uint16_t *q = a.q + b * a.q_sb + h * a.q_sh + (int64_t)m0 * a.q_ss;
+    const uint16_t *dO = a.dout + b * a.do_sb + h * a.do_sh + (int64_t)m0 * a.do_ss;
+    load_tile_async<BM, D, NT>(sQ, q, a.q_ss, a.seqlen_q - m0, a.head_dim, tid);
+    load_tile_async<BM, D, NT>(sdO, dO, a.do_ss, a.seqlen_q - m0, a.head_dim, tid);
+    const int64_t row = (int64_t)(b * a.heads_q + h) * a.nq_pad + m0;
+    if (tid < BM / 4)
+        cp_async_16(smem_addr(sLse + tid * 4), a.lse2 + row + tid * 4, 1);
+    else if (tid < BM / 2)
+        cp_async_16(smem_addr(sDelta + (tid - BM / 4) * 4), a.delta + row + (tid - BM / 4) * 4, 1);
+}
+
+/* PASS 0: dK, dV and (if a.compute_dq) dQ; PASS 1: dV only; PASS 2: dK and dQ only. */
+template <int D, int BM, int NW, int BF16, int PASS>
+__global__ void __launch_bounds__(NW * 32, 1)
+fc_bwd_dkdv_kernel(const fc_bwd_args a)
+{
+    constexpr int BN = 16 * NW; /* keys per CTA: 16 per warp */
+    constexpr int NT = NW * 32;
+    constexpr int P = D + FC_PAD;
+    constexpr int PS = BM + FC_PAD; /* pitch of the dS^T tile */
+    constexpr int QT = BM / 8;      /* 8-query column tiles of S^T */
+    constexpr int DT = D / 8;
+    constexpr bool DO_DV = PASS != 2, DO_DK = PASS != 1;
+    /* dQ = dS K over a WM x WN grid of warps, each 16 queries x DW columns */
+    constexpr int WM = BM / 16, WN = NW / WM, DW = D / WN;
+    static_assert(WM * WN == NW && DW % 16 == 0, "dQ warp grid must tile BM x D");
+
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sK = (uint16_t *)smem_raw;
+    uint16_t *sV = sK + BN * P;
+    uint16_t *sQ = sV + BN * P;           /* [2][BM][P] */
+    uint16_t *sdO = sQ + 2 * BM * P;      /* [2][BM][P] */
+    uint16_t *sdS = sdO + 2 * BM * P;     /* [BN][PS] */
+    float *sLse = (float *)(sdS + BN * PS); /* [2][BM] */
+    float *sDelta = sLse + 2 * BM;          /* [2][BM] */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = n_block * BN;
+    const int keys_valid = a.seqlen_k - n0;
+
+    const uint16_t *k = a.k + b * a.k_sb + hk * a.k_sh + (int64_t)n0 * a.k_ss;
+    const uint16_t *v = a.v + b * a.v_sb + hk * a.v_sh + (int64_t)n0 * a.v_ss;
+
+    /* The queries that see a key of this block: i >= n0 - causal_offset. */
+    const int m_begin = a.causal ? max(0, n0 - a.causal_offset) : 0;
+    const int m_block_begin = m_begin / BM;
+    const int n_m = m_begin < a.seqlen_q ? (a.seqlen_q + BM - 1) / BM - m_block_begin : 0;
+    const int iters = n_m * a.group;
+
+    load_tile_async<BN, D, NT>(sK, k, a.k_ss, keys_valid, a.head_dim, tid);
+    if (DO_DK) load_tile_async<BN, D, NT>(sV, v, a.v_ss, keys_valid, a.head_dim, tid);
+    cp_async_commit();
+
+    float acc_dv[DT][4], acc_dk[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc_dv[dt][r] = acc_dk[dt][r] = 0.f;
+
+    if (iters > 0)
+        bwd_prefetch<D, BM, NT>(a, b, hk, 0, n_m, m_block_begin, sQ, sdO, sLse, sDelta, tid);
+    cp_async_commit();
+
+    const int key_row0 = warp * 16; /* this warp's keys within the block */
+
+    for (int it = 0; it < iters; it++) {
+        const int st = it & 1;
+        if (it + 1 < iters) {
+            bwd_prefetch<D, BM, NT>(a, b, hk, it + 1, n_m, m_block_begin, sQ + (st ^ 1) * BM * P,
+                                    sdO + (st ^ 1) * BM * P, sLse + (st ^ 1) * BM,
+                                    sDelta + (st ^ 1) * BM, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int h = hk * a.group + it / n_m;
+        const int m0 = (m_block_begin + it % n_m) * BM;
+        const uint16_t *sQs = sQ + st * BM * P, *sdOs = sdO + st * BM * P;
+        const float *sLs = sLse + st * BM, *sDs = sDelta + st * BM;
+
+        /* S^T = K Q^T: 16 keys x BM queries per warp */
+        float s[QT][4];
+#pragma unroll
+        for (int qt = 0; qt < QT; qt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) s[qt][r] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t ka[4];
+            ldmatrix_x4(ka, smem_addr(sK + (key_row0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int qt2 = 0; qt2 < QT / 2; qt2++) {
+                uint32_t qb[4];
+                ldmatrix_x4(qb, smem_addr(sQs + (qt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P +
+                                          kk * 16 + ((lane >> 3) & 1) * 8));
+                mma_16816<BF16>(s[2 * qt2], ka, qb[0], qb[1]);
+                mma_16816<BF16>(s[2 * qt2 + 1], ka, qb[2], qb[3]);
+            }
+        }
+
+        /* P^T = exp2(S^T * scale log2 e - lse2[query]), masked */
+        const bool need_mask = n0 + BN > a.seqlen_k ||
+                               (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
+#pragma unroll
+        for (int qt = 0; qt < QT; qt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = qt * 8 + 2 * t + e;
+                const float l2 = sLs[col];
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    float p = fast_exp2(s[qt][2 * hr + e] * a.scale_log2 - l2);
+                    if (need_mask) {
+                        const int key = n0 + key_row0 + g + 8 * hr;
+                        if (key >= a.seqlen_k || (a.causal && key > m0 + col + a.causal_offset))
+                            p = 0.f;
+                    }
+                    s[qt][2 * hr + e] = p;
+                }
+            }
+
+        if (DO_DV) {
+            /* dV += P^T dO */
+            uint32_t pa[BM / 16][4];
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++) {
+                pa[kc][0] = pack2<BF16>(s[2 * kc][0], s[2 * kc][1]);
+                pa[kc][1] = pack2<BF16>(s[2 * kc][2], s[2 * kc][3]);
+                pa[kc][2] = pack2<BF16>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+                pa[kc][3] = pack2<BF16>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++)
+#pragma unroll
+                for (int dt2 = 0; dt2 < DT / 2; dt2++) {
+                    uint32_t ob[4];
+                    ldmatrix_x4_trans(ob, smem_addr(sdOs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
+                                                    dt2 * 16 + (lane >> 4) * 8));
+                    mma_16816<BF16>(acc_dv[2 * dt2], pa[kc], ob[0], ob[1]);
+                    mma_16816<BF16>(acc_dv[2 * dt2 + 1], pa[kc], ob[2], ob[3]);
+                }
+        }
+
+        if (DO_DK) {
+            /* dP^T = V dO^T */
+            float dp[QT][4];
+#pragma unroll
+            for (int qt = 0; qt < QT; qt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) dp[qt][r] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t va[4];
+                ldmatrix_x4(va, smem_addr(sV + (key_row0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int qt2 = 0; qt2 < QT / 2; qt2++) {
+                    uint32_t ob[4];
+                    ldmatrix_x4(ob, smem_addr(sdOs + (qt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P +
+                                              kk * 16 + ((lane >> 3) & 1) * 8));
+                    mma_16816<BF16>(dp[2 * qt2], va, ob[0], ob[1]);
+                    mma_16816<BF16>(dp[2 * qt2 + 1], va, ob[2], ob[3]);
+                }
+            }
+            /* dS^T = P^T * (dP^T - delta[query]) */
+#pragma unroll
+            for (int qt = 0; qt < QT; qt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float d = sDs[qt * 8 + 2 * t + e];
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++)
+                        dp[qt][2 * hr + e] = s[qt][2 * hr + e] * (dp[qt][2 * hr + e] - d);
+                }
+            uint32_t dsa[BM / 16][4];
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++) {
+                dsa[kc][0] = pack2<BF16>(dp[2 * kc][0], dp[2 * kc][1]);
+                dsa[kc][1] = pack2<BF16>(dp[2 * kc][2], dp[2 * kc][3]);
+                dsa[kc][2] = pack2<BF16>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+                dsa[kc][3] = pack2<BF16>(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+            }
+            if (a.compute_dq) {
+                /* dS^T to shared memory for the dQ product, which needs it the other way. */
+#pragma unroll
+                for (int kc = 0; kc < BM / 16; kc++) {
+                    *(uint32_t *)(sdS + (key_row0 + g) * PS + kc * 16 + 2 * t) = dsa[kc][0];
+                    *(uint32_t *)(sdS + (key_row0 + g + 8) * PS + kc * 16 + 2 * t) = dsa[kc][1];
+                    *(uint32_t *)(sdS + (key_row0 + g) * PS + kc * 16 + 8 + 2 * t) = dsa[kc][2];
+                    *(uint32_t *)(sdS + (key_row0 + g + 8) * PS + kc * 16 + 8 + 2 * t) = dsa[kc][3];
+                }
+            }
+            /* dK += dS^T Q */
+#pragma unroll
+            for (int kc = 0; kc < BM / 16; kc++)
+#pragma unroll
+                for (int dt2 = 0; dt2 < DT / 2; dt2++) {
+                    uint32_t qb[4];
+                    ldmatrix_x4_trans(qb, smem_addr(sQs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
+                                                    dt2 * 16 + (lane >> 4) * 8));
+                    mma_16816<BF16>(acc_dk[2 * dt2], dsa[kc], qb[0], qb[1]);
+                    mma_16816<BF16>(acc_dk[2 * dt2 + 1], dsa[kc], qb[2], qb[3]);
+                }
+            if (a.compute_dq) {
+                __syncthreads(); /* the whole dS^T tile is in */
+                /* dQ[BM][D] += dS (BM x BN) K (BN x D); warp (wm, wn) takes 16 x DW */
+                const int wm = warp % WM, wn = warp / WM;
+                float dq[DW / 8][4];
+#pragma unroll
+                for (int dt = 0; dt < DW / 8; dt++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) dq[dt][r] = 0.f;
+#pragma unroll
+                for (int kc = 0; kc < BN / 16; kc++) {
+                    uint32_t da[4];
+                    ldmatrix_x4_trans(da, smem_addr(sdS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS +
+                                                    wm * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+                    for (int dt2 = 0; dt2 < DW / 16; dt2++) {
+                        uint32_t kb[4];
+                        ldmatrix_x4_trans(kb, smem_addr(sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
+                                                        wn * DW + dt2 * 16 + (lane >> 4) * 8));
+                        mma_16816<BF16>(dq[2 * dt2], da, kb[0], kb[1]);
+                        mma_16816<BF16>(dq[2 * dt2 + 1], da, kb[2], kb[3]);
+                    }
+                }
+                float *dqa = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0 + wm * 16) * a.dq_pitch +
+                             wn * DW;
+#pragma unroll
+                for (int dt = 0; dt < DW / 8; dt++)
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        float *dst = dqa + (g + 8 * hr) * a.dq_pitch + dt * 8 + 2 * t;
+                        atomicAdd(dst, dq[dt][2 * hr]);
+                        atomicAdd(dst + 1, dq[dt][2 * hr + 1]);
+                    }
+            }
+        }
+        __syncthreads(); /* stage st and the dS^T tile may be overwritten now */
+    }
+
+    /* Epilogue: dK *= scale; both through shared memory (sK, sV are free) for 16-byte stores.
+     * The wait and barrier matter when the loop ran no step: K and V may still be landing. */
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = key_row0 + g + 8 * hr;
+            if (DO_DV)
+                *(uint32_t *)(sV + r * P + dt * 8 + 2 * t) =
+                    pack2<BF16>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]);
+            if (DO_DK)
+                *(uint32_t *)(sK + r * P + dt * 8 + 2 * t) =
+                    pack2<BF16>(acc_dk[dt][2 * hr] * a.scale, acc_dk[dt][2 * hr + 1] * a.scale);
+        }
+    __syncthreads();
+    if (DO_DV)
+        store_tile<BN, D, NT>(a.dv + b * a.dv_sb + hk * a.dv_sh + (int64_t)n0 * a.dv_ss, a.dv_ss, sV,
+                              keys_valid, a.head_dim, tid);
+    if (DO_DK)
+        store_tile<BN, D, NT>(a.dk + b * a.dk_sb + hk * a.dk_sh + (int64_t)n0 * a.dk_ss, a.dk_ss, sK,
+                              keys_valid, a.head_dim, tid);
+}
+
+/* ---- deterministic dQ: a block of queries per CTA over the keys --------------------------- */
+
+template <int D, int BN, int NW, int BF16>
+__global__ void __launch_bounds__(NW * 32)
+fc_bwd_dq_kernel(const fc_bwd_args a)
+{
+    constexpr int BM = 16 * NW;
+    constexpr int NT = NW * 32;
+    constexpr int P = D + FC_PAD;
+    constexpr int NTILE = BN / 8, DT = D / 8;
+
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sQ = (uint16_t *)smem_raw;
+    uint16_t *sdO = sQ + BM * P;
+    uint16_t *sK = sdO + BM * P; /* [2][BN][P] */
+    uint16_t *sV = sK + 2 * BN * P;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+    const int bh = b * a.heads_q + h;
+    const int m0 = m_block * BM;
+    const int rows_valid = a.seqlen_q - m0;
+    const uint16_t *q = a.q + b * a.q_sb + h * a.q_sh + (int64_t)m0 * a.q_ss;
+    const uint16_t *dO = a.dout + b * a.do_sb + h * a.do_sh + (int64_t)m0 * a.do_ss;
+    const uint16_t *k = a.k + b * a.k_sb + hk * a.k_sh;
+    const uint16_t *v = a.v + b * a.v_sb + hk * a.v_sh;
+    uint16_t *dq = a.dq + b * a.dq_sb + h * a.dq_sh + (int64_t)m0 * a.dq_ss;
+
+    int n_end = a.seqlen_k;
+    if (a.causal) n_end = min(n_end, min(m0 + BM, a.seqlen_q) - 1 + a.causal_offset + 1);
+    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+
+    const int row_base = warp * 16;
+    const int64_t ws_row = (int64_t)bh * a.nq_pad + m0 + row_base + g;
+    const float l2[2] = {a.lse2[ws_row], a.lse2[ws_row + 8]};
+    const float dl[2] = {a.delta[ws_row], a.delta[ws_row + 8]};
+
+    float acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[dt][r] = 0.f;
+
+    load_tile_async<BM, D, NT>(sQ, q, a.q_ss, rows_valid, a.head_dim, tid);
+    load_tile_async<BM, D, NT>(sdO, dO, a.do_ss, rows_valid, a.head_dim, tid);
+    if (n_blocks > 0) {
+        load_tile_async<BN, D, NT>(sK, k, a.k_ss, a.seqlen_k, a.head_dim, tid);
+        load_tile_async<BN, D, NT>(sV, v, a.v_ss, a.seqlen_k, a.head_dim, tid);
+    }
+    cp_async_commit();
+
+    for (int nb = 0; nb < n_blocks; nb++) {
+        const int st = nb & 1, n0 = nb * BN;
+        if (nb + 1 < n_blocks) {
+            const int n1 = n0 + BN;
+            load_tile_async<BN, D, NT>(sK + (st ^ 1) * BN * P, k + (int64_t)n1 * a.k_ss, a.k_ss,
+                                       a.seqlen_k - n1, a.head_dim, tid);
+            load_tile_async<BN, D, NT>(sV + (st ^ 1) * BN * P, v + (int64_t)n1 * a.v_ss, a.v_ss,
+                                       a.seqlen_k - n1, a.head_dim, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *sKs = sK + st * BN * P, *sVs = sV + st * BN * P;
+
+        float s[NTILE][4], dp[NTILE][4];
+#pragma unroll
+        for (int nt = 0; nt < NTILE; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) s[nt][r] = dp[nt][r] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[4], oa[4];
+            ldmatrix_x4(qa, smem_addr(sQ + (row_base + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+            ldmatrix_x4(oa, smem_addr(sdO + (row_base + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int nt2 = 0; nt2 < NTILE / 2; nt2++) {
+                uint32_t kb[4], vb[4];
+                const int off = (nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4(kb, smem_addr(sKs + off));
+                ldmatrix_x4(vb, smem_addr(sVs + off));
+                mma_16816<BF16>(s[2 * nt2], qa, kb[0], kb[1]);
+                mma_16816<BF16>(s[2 * nt2 + 1], qa, kb[2], kb[3]);
+                mma_16816<BF16>(dp[2 * nt2], oa, vb[0], vb[1]);
+                mma_16816<BF16>(dp[2 * nt2 + 1], oa, vb[2], vb[3]);
+            }
+        }
+        const bool need_mask = n0 + BN > a.seqlen_k || (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int row = m0 + row_base + g + 8 * hr;
+            int key_end = a.seqlen_k;
+            if (a.causal) key_end = min(key_end, row + a.causal_offset + 1);
+#pragma unroll
+            for (int nt = 0; nt < NTILE; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = fast_exp2(s[nt][2 * hr + e] * a.scale_log2 - l2[hr]);
+                    if (need_mask && n0 + nt * 8 + 2 * t + e >= key_end) p = 0.f;
+                    dp[nt][2 * hr + e] = p * (dp[nt][2 * hr + e] - dl[hr]);
+                }
+        }
+        /* dQ += dS K */
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            uint32_t da[4];
+            da[0] = pack2<BF16>(dp[2 * kc][0], dp[2 * kc][1]);
+            da[1] = pack2<BF16>(dp[2 * kc][2], dp[2 * kc][3]);
+            da[2] = pack2<BF16>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+            da[3] = pack2<BF16>(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+#pragma unroll
+            for (int dt2 = 0; dt2 < DT / 2; dt2++) {
+                uint32_t kb[4];
+                ldmatrix_x4_trans(kb, smem_addr(sKs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
+                                                dt2 * 16 + (lane >> 4) * 8));
+                mma_16816<BF16>(acc[2 * dt2], da, kb[0], kb[1]);
+                mma_16816<BF16>(acc[2 * dt2 + 1], da, kb[2], kb[3]);
+            }
+        }
+        __syncthreads(); /* stage st may be refilled */
+    }
+
+    /* dQ * scale through shared memory (sQ: every warp is past its last read of it; with no
+     * key block at all the Q load may still be landing, hence the wait). */
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            *(uint32_t *)(sQ + (row_base + g + 8 * hr) * P + dt * 8 + 2 * t) =
+                pack2<BF16>(acc[dt][2 * hr] * a.scale, acc[dt][2 * hr + 1] * a.scale);
+    __syncthreads();
+    store_tile<BM, D, NT>(dq, a.dq_ss, sQ, rows_valid, a.head_dim, tid);
+}
+
+/* ---- dq_accum (fp32) * scale -> dQ --------------------------------------------------------- */
+
+template <int BF16>
+__global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_args a, int batch)
+{
+    /* one thread per 8 columns of a row */
+    const int chunks = (a.head_dim + 7) / 8;
+    const int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    const int64_t rows = (int64_t)batch * a.heads_q * a.seqlen_q;
+    if (id >= rows * chunks) return;
+    const int64_t row = id / chunks;
+    const int ch = (int)(id - row * chunks);
+    const int bh = (int)(row / a.seqlen_q), i = (int)(row - (int64_t)bh * a.seqlen_q);
+    const int b = bh / a.heads_q, h = bh - b * a.heads_q;
+    const float *src = a.dq_accum + ((int64_t)bh * a.nq_pad + i) * a.dq_pitch + ch * 8;
+    const float4 x = *(const float4 *)src, y = *(const float4 *)(src + 4);
+    uint4 out;
+    out.x = pack2<BF16>(x.x * a.scale, x.y * a.scale);
+    out.y = pack2<BF16>(x.z * a.scale, x.w * a.scale);
+    out.z = pack2<BF16>(y.x * a.scale, y.y * a.scale);
+    out.w = pack2<BF16>(y.z * a.scale, y.w * a.scale);
+    *(uint4 *)(a.dq + b * a.dq_sb + h * a.dq_sh + (int64_t)i * a.dq_ss + ch * 8) = out;
+}
+
+/* ---- configurations and the launcher ------------------------------------------------------ */
+
+/* D, BM (queries per step), warps (16 keys each) of the dK/dV kernel; whether it runs as two
+ * passes (dV, then dK and dQ) to keep the accumulators in registers; and BN, warps of the
+ * deterministic dQ kernel. */
+#define FC_BWD_CONFIGS(X)          \
+    X(32, 64, 8, 0, 64, 4)         \
+    X(64, 64, 8, 0, 64, 4)         \
+    X(96, 64, 8, 0, 64, 4)         \
+    X(128, 64, 8, 0, 64, 4)        \
+    X(192, 32, 8, 1, 64, 4)        \
+    X(256, 32, 8, 1, 32, 4)
+
+static size_t dkdv_smem(int D, int BM, int NW)
+{
+    const int BN = 16 * NW;
+    return (size_t)(2 * BN + 4 * BM) * (D + FC_PAD) * 2 + (size_t)BN * (BM + FC_PAD) * 2 +
+           4 * BM * sizeof(float);
+}
+
+static size_t dq_smem(int D, int BN, int NW)
+{
+    return (size_t)(2 * 16 * NW + 4 * BN) * (D + FC_PAD) * 2;
+}
+
+size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic)
+{
+#define X(D_, BM_, NW_, SPLIT_, DQBN_, DQNW_)                                            \
+    if (kernel_head_dim == D_) {                                                         \
+        size_t s1 = dkdv_smem(D_, BM_, NW_), s2 = dq_smem(D_, DQBN_, DQNW_);             \
+        return deterministic && s2 > s1 ? s2 : s1;                                       \
+    }
+    FC_BWD_CONFIGS(X)
+#undef X
+    return 0;
+}
+
+template <typename K>
+static cudaError_t set_smem(K kernel, size_t bytes)
+{
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+template <int D, int BM, int NW, int SPLIT, int DQBN, int DQNW, int BF16>
+static cudaError_t launch_bwd_cfg(const fc_bwd_args *a0, int batch, int deterministic,
+                                  cudaStream_t stream)
+{
+    fc_bwd_args a = *a0;
+    cudaError_t err;
+    const int64_t prep_rows = (int64_t)batch * a.heads_q * a.nq_pad;
+    fc_bwd_prep_kernel<BF16><<<(unsigned)((prep_rows + 7) / 8), 256, 0, stream>>>(a, batch);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    const size_t smem = dkdv_smem(D, BM, NW);
+    dim3 grid((a.seqlen_k + 16 * NW - 1) / (16 * NW), (unsigned)a.heads_kv, (unsigned)batch);
+    a.compute_dq = !deterministic;
+    if constexpr (SPLIT != 0) {
+        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1>, smem)) != cudaSuccess) return err;
+        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2>, smem)) != cudaSuccess) return err;
+        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1><<<grid, NW * 32, smem, stream>>>(a);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2><<<grid, NW * 32, smem, stream>>>(a);
+    } else {
+        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0>, smem)) != cudaSuccess) return err;
+        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0><<<grid, NW * 32, smem, stream>>>(a);
+    }
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    if (deterministic) {
+        const size_t s2 = dq_smem(D, DQBN, DQNW);
+        if ((err = set_smem(fc_bwd_dq_kernel<D, DQBN, DQNW, BF16>, s2)) != cudaSuccess) return err;
+        dim3 g2((a.seqlen_q + 16 * DQNW - 1) / (16 * DQNW), (unsigned)a.heads_q, (unsigned)batch);
+        fc_bwd_dq_kernel<D, DQBN, DQNW, BF16><<<g2, DQNW * 32, s2, stream>>>(a);
+    } else {
+        const int64_t n = (int64_t)batch * a.heads_q * a.seqlen_q * ((a.head_dim + 7) / 8);
+        fc_bwd_dq_convert_kernel<BF16><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, batch);
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t fc_launch_bwd(const fc_bwd_args *a, int kernel_head_dim, int bf16, int batch,
+                          int deterministic, cudaStream_t stream)
+{
+#define X(D_, BM_, NW_, SPLIT_, DQBN_, DQNW_)                                                     \
+    if (kernel_head_dim == D_)                                                                    \
+        return bf16 ? launch_bwd_cfg<D_, BM_, NW_, SPLIT_, DQBN_, DQNW_, 1>(a, batch, deterministic, stream) \
+                    : launch_bwd_cfg<D_, BM_, NW_, SPLIT_, DQBN_, DQNW_, 0>(a, batch, deterministic, stream);
+    FC_BWD_CONFIGS(X)
+#undef X
+    return cudaErrorInvalidValue;
+}

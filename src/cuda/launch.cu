@@ -1,0 +1,458 @@
+/*
+ * launch.cu - the CUDA backend's entry points (flashc_cuda_backend_ops): device selection,
+ * the checks a kernel needs beyond api.c's validation (device memory, 16-byte alignment,
+ * limits of the grid and of shared memory), the backward workspace, dispatch to the kernels
+ * by head dim and dtype, and every CUDA error turned into a status with a message.
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common.cuh"
+
+typedef struct cuda_state {
+    int device;
+    int sm_major, sm_minor;
+    int num_sms;
+    size_t smem_optin; /* largest dynamic shared memory a block may ask for */
+    char name[256];
+} cuda_state;
+
+static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
+
+/* A head dim that is a multiple of 8 runs on the next compiled size up: the extra columns
+ * are zero-filled on load and never stored. */
+int fc_kernel_head_dim(int head_dim)
+{
+    if (head_dim <= 0 || head_dim % 8 != 0) return 0;
+    for (size_t i = 0; i < sizeof kernel_head_dims / sizeof kernel_head_dims[0]; i++)
+        if (head_dim <= kernel_head_dims[i]) return kernel_head_dims[i];
+    return 0;
+}
+
+static flashc_status device_error(cudaError_t err, const char *what)
+{
+    cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+    if (err == cudaErrorMemoryAllocation)
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cuda: %s: %s", what, cudaGetErrorString(err));
+    return flashc_error(FLASHC_ERROR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(err),
+                        cudaGetErrorName(err));
+}
+
+/* Makes the backend's device current for the duration of a call and puts the caller's back. */
+typedef struct device_guard {
+    int previous;
+    int changed;
+} device_guard;
+
+static flashc_status guard_enter(device_guard *g, const cuda_state *s)
+{
+    g->changed = 0;
+    cudaError_t err = cudaGetDevice(&g->previous);
+    if (err != cudaSuccess) return device_error(err, "cudaGetDevice");
+    if (g->previous != s->device) {
+        err = cudaSetDevice(s->device);
+        if (err != cudaSuccess) return device_error(err, "cudaSetDevice");
+        g->changed = 1;
+    }
+    return FLASHC_OK;
+}
+
+static void guard_leave(const device_guard *g)
+{
+    if (g->changed) cudaSetDevice(g->previous);
+}
+
+static int cuda_available(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    for (int d = 0; d < n; d++) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess &&
+            major >= 8)
+            return 1;
+    }
+    return 0;
+}
+
+static flashc_status cuda_create(const flashc_backend_config *cfg, void **state)
+{
+    *state = NULL;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE, "cuda: no CUDA device found (%s)",
+                            err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    }
+    int device = cfg ? cfg->device : -1;
+    if (device < 0) {
+        err = cudaGetDevice(&device);
+        if (err != cudaSuccess) return device_error(err, "cudaGetDevice");
+    }
+    if (device >= count)
+        return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
+                            "cuda: device %d asked for, but only %d device(s) present", device, count);
+    cudaDeviceProp prop;
+    err = cudaGetDeviceProperties(&prop, device);
+    if (err != cudaSuccess) return device_error(err, "cudaGetDeviceProperties");
+    if (prop.major < 8)
+        return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
+                            "cuda: device %d (%s) is sm_%d%d; the CUDA backend needs sm_80 or later",
+                            device, prop.name, prop.major, prop.minor);
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s) return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
+    s->device = device;
+    s->sm_major = prop.major;
+    s->sm_minor = prop.minor;
+    s->num_sms = prop.multiProcessorCount;
+    s->smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(s->name, sizeof s->name, "%s", prop.name);
+    *state = s;
+    return FLASHC_OK;
+}
+
+static void cuda_destroy(void *state)
+{
+    free(state);
+}
+
+static void cuda_describe(void *state, char *buf, size_t size)
+{
+    const cuda_state *s = (const cuda_state *)state;
+    snprintf(buf, size, "cuda: device %d, %s (sm_%d%d, %d SMs), mma.sync kernels", s->device,
+             s->name, s->sm_major, s->sm_minor, s->num_sms);
+}
+
+/* ---- argument checks the kernels need -------------------------------------------------- */
+
+static flashc_status check_device_pointer(const cuda_state *s, const void *p, const char *what)
+{
+    cudaPointerAttributes at;
+    cudaError_t err = cudaPointerGetAttributes(&at, p);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "cuda: %s: cannot query the pointer (%s); the CUDA backend needs device memory",
+                            what, cudaGetErrorString(err));
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "cuda: %s points to host memory; the CUDA backend needs device memory "
+                            "(cudaMalloc)", what);
+    if (at.device != s->device)
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "cuda: %s is memory of device %d, but this backend runs on device %d",
+                            what, at.device, s->device);
+    return FLASHC_OK;
+}
+
+/* The kernels move 16 bytes (8 elements) at a time: the data pointer and the strides of
+ * batch, seqlen and heads (where that dimension has more than one element) must keep every
+ * row 16-byte aligned. */
+static flashc_status check_tensor(const cuda_state *s, const flashc_tensor *t, const char *what)
+{
+    flashc_status st = check_device_pointer(s, t->data, what);
+    if (st != FLASHC_OK) return st;
+    if ((uintptr_t)t->data % 16 != 0)
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "cuda: %s: data pointer %p is not 16-byte aligned, which the CUDA "
+                            "kernels' vector loads need", what, t->data);
+    static const char *dims[3] = {"batch", "seqlen", "heads"};
+    for (int d = 0; d < 3; d++)
+        if (t->shape[d] > 1 && t->stride[d] % 8 != 0)
+            return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                                "cuda: %s: stride[%d] (%s) is %lld elements, not a multiple of 8: "
+                                "rows would not be 16-byte aligned for the CUDA kernels' vector loads",
+                                what, d, dims[d], (long long)t->stride[d]);
+    return FLASHC_OK;
+}
+
+static flashc_status check_problem(const cuda_state *s, const flashc_problem *pr, int backward,
+                                   int *kernel_d)
+{
+    if (pr->dtype != FLASHC_F16 && pr->dtype != FLASHC_BF16)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: inputs must be fp16 or bf16 (float32 is served by the CPU backend)");
+    if (pr->out_dtype != pr->dtype)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: outputs must have the inputs' dtype");
+    *kernel_d = fc_kernel_head_dim((int)pr->head_dim);
+    if (*kernel_d == 0)
+        return flashc_error(FLASHC_ERROR_INVALID_HEAD_DIM,
+                            "cuda: head_dim %lld is not served: the CUDA kernels need a multiple "
+                            "of 8 up to 256", (long long)pr->head_dim);
+    if (pr->seqlen_q > 0x7fff0000LL || pr->seqlen_k > 0x7fff0000LL)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: seqlen above 2^31 - 2^16 is not served");
+    if (pr->heads_q > 65535 || pr->batch > 65535)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: batch and heads must each be at most 65535 (grid limits)");
+    size_t need = backward ? fc_bwd_smem_bytes(*kernel_d, pr->deterministic)
+                           : fc_fwd_smem_bytes(*kernel_d);
+    if (need > s->smem_optin)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: head_dim %lld needs %zu bytes of shared memory per block; %s "
+                            "allows %zu", (long long)pr->head_dim, need, s->name, s->smem_optin);
+    return FLASHC_OK;
+}
+
+/* ---- forward --------------------------------------------------------------------------- */
+
+static flashc_status cuda_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
+                                  const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
+                                  flashc_tensor *lse)
+{
+    const cuda_state *s = (const cuda_state *)state;
+    int kd = 0;
+    flashc_status st = check_problem(s, pr, 0, &kd);
+    if (st != FLASHC_OK) return st;
+    device_guard guard;
+    if ((st = guard_enter(&guard, s)) != FLASHC_OK) return st;
+    if ((st = check_tensor(s, q, "q")) != FLASHC_OK || (st = check_tensor(s, k, "k")) != FLASHC_OK ||
+        (st = check_tensor(s, v, "v")) != FLASHC_OK || (st = check_tensor(s, out, "out")) != FLASHC_OK ||
+        (st = check_device_pointer(s, lse->data, "lse")) != FLASHC_OK) {
+        guard_leave(&guard);
+        return st;
+    }
+
+    fc_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const uint16_t *)q->data;
+    a.k = (const uint16_t *)k->data;
+    a.v = (const uint16_t *)v->data;
+    a.o = (uint16_t *)out->data;
+    a.lse = (float *)lse->data;
+    a.q_sb = q->stride[0], a.q_ss = q->stride[1], a.q_sh = q->stride[2];
+    a.k_sb = k->stride[0], a.k_ss = k->stride[1], a.k_sh = k->stride[2];
+    a.v_sb = v->stride[0], a.v_ss = v->stride[1], a.v_sh = v->stride[2];
+    a.o_sb = out->stride[0], a.o_ss = out->stride[1], a.o_sh = out->stride[2];
+    a.lse_sb = lse->stride[0], a.lse_sh = lse->stride[1], a.lse_ss = lse->stride[2];
+    a.seqlen_q = (int)pr->seqlen_q;
+    a.seqlen_k = (int)pr->seqlen_k;
+    a.heads_q = (int)pr->heads_q;
+    a.heads_kv = (int)pr->heads_kv;
+    a.group = (int)(pr->heads_q / pr->heads_kv);
+    a.head_dim = (int)pr->head_dim;
+    a.scale_log2 = pr->scale * 1.4426950408889634f;
+    a.causal = pr->causal != FLASHC_CAUSAL_NONE;
+    a.causal_offset = (int)flashc_causal_offset(pr);
+
+    cudaError_t err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch,
+                                    (cudaStream_t)pr->stream);
+    guard_leave(&guard);
+    if (err != cudaSuccess) return device_error(err, "forward kernel launch");
+    return FLASHC_OK;
+}
+
+/* ---- backward -------------------------------------------------------------------------- */
+
+typedef struct bwd_layout {
+    int64_t nq_pad;
+    size_t lse2_off, delta_off, dq_off, total;
+} bwd_layout;
+
+static size_t align_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static bwd_layout workspace_layout(const flashc_problem *pr)
+{
+    bwd_layout l;
+    const int kd = fc_kernel_head_dim((int)pr->head_dim);
+    l.nq_pad = (pr->seqlen_q + FC_NQ_PAD_MULTIPLE - 1) / FC_NQ_PAD_MULTIPLE * FC_NQ_PAD_MULTIPLE;
+    const size_t rows = (size_t)pr->batch * (size_t)pr->heads_q * (size_t)l.nq_pad;
+    l.lse2_off = 0;
+    l.delta_off = align_up(rows * sizeof(float), 256);
+    l.dq_off = l.delta_off + align_up(rows * sizeof(float), 256);
+    l.total = l.dq_off + (pr->deterministic ? 0 : align_up(rows * (size_t)kd * sizeof(float), 256));
+    return l;
+}
+
+static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr)
+{
+    (void)state;
+    if (fc_kernel_head_dim((int)pr->head_dim) == 0) return 0;
+    return workspace_layout(pr).total;
+}
+
+static flashc_status cuda_backward(void *state, const flashc_problem *pr, const flashc_tensor *dout,
+                                   const flashc_tensor *q, const flashc_tensor *k,
+                                   const flashc_tensor *v, const flashc_tensor *out,
+                                   const flashc_tensor *lse, flashc_tensor *dq, flashc_tensor *dk,
+                                   flashc_tensor *dv)
+{
+    const cuda_state *s = (const cuda_state *)state;
+    int kd = 0;
+    flashc_status st = check_problem(s, pr, 1, &kd);
+    if (st != FLASHC_OK) return st;
+    device_guard guard;
+    if ((st = guard_enter(&guard, s)) != FLASHC_OK) return st;
+    if ((st = check_tensor(s, dout, "dout")) != FLASHC_OK || (st = check_tensor(s, q, "q")) != FLASHC_OK ||
+        (st = check_tensor(s, k, "k")) != FLASHC_OK || (st = check_tensor(s, v, "v")) != FLASHC_OK ||
+        (st = check_tensor(s, out, "out")) != FLASHC_OK ||
+        (st = check_device_pointer(s, lse->data, "lse")) != FLASHC_OK ||
+        (st = check_tensor(s, dq, "dq")) != FLASHC_OK || (st = check_tensor(s, dk, "dk")) != FLASHC_OK ||
+        (st = check_tensor(s, dv, "dv")) != FLASHC_OK) {
+        guard_leave(&guard);
+        return st;
+    }
+
+    const bwd_layout lay = workspace_layout(pr);
+    cudaStream_t stream = (cudaStream_t)pr->stream;
+    unsigned char *ws = (unsigned char *)pr->workspace;
+    int owned = 0;
+    cudaError_t err = cudaSuccess;
+    if (ws) {
+        if (pr->workspace_size < lay.total) {
+            guard_leave(&guard);
+            return flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
+                                "cuda: workspace of %zu bytes, the backward needs %zu",
+                                pr->workspace_size, lay.total);
+        }
+        if ((uintptr_t)ws % 16 != 0) {
+            guard_leave(&guard);
+            return flashc_error(FLASHC_ERROR_INVALID_POINTER, "cuda: workspace is not 16-byte aligned");
+        }
+        if ((st = check_device_pointer(s, ws, "workspace")) != FLASHC_OK) {
+            guard_leave(&guard);
+            return st;
+        }
+    } else {
+        /* Stream-ordered: the memory is ready for this stream's kernels and is freed behind
+         * them, without a device-wide synchronization. */
+        err = cudaMallocAsync((void **)&ws, lay.total, stream);
+        if (err != cudaSuccess) {
+            guard_leave(&guard);
+            return device_error(err, "cudaMallocAsync (backward workspace)");
+        }
+        owned = 1;
+    }
+
+    fc_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const uint16_t *)q->data;
+    a.k = (const uint16_t *)k->data;
+    a.v = (const uint16_t *)v->data;
+    a.o = (const uint16_t *)out->data;
+    a.dout = (const uint16_t *)dout->data;
+    a.lse = (const float *)lse->data;
+    a.dq = (uint16_t *)dq->data;
+    a.dk = (uint16_t *)dk->data;
+    a.dv = (uint16_t *)dv->data;
+    a.q_sb = q->stride[0], a.q_ss = q->stride[1], a.q_sh = q->stride[2];
+    a.k_sb = k->stride[0], a.k_ss = k->stride[1], a.k_sh = k->stride[2];
+    a.v_sb = v->stride[0], a.v_ss = v->stride[1], a.v_sh = v->stride[2];
+    a.o_sb = out->stride[0], a.o_ss = out->stride[1], a.o_sh = out->stride[2];
+    a.do_sb = dout->stride[0], a.do_ss = dout->stride[1], a.do_sh = dout->stride[2];
+    a.dq_sb = dq->stride[0], a.dq_ss = dq->stride[1], a.dq_sh = dq->stride[2];
+    a.dk_sb = dk->stride[0], a.dk_ss = dk->stride[1], a.dk_sh = dk->stride[2];
+    a.dv_sb = dv->stride[0], a.dv_ss = dv->stride[1], a.dv_sh = dv->stride[2];
+    a.lse_sb = lse->stride[0], a.lse_sh = lse->stride[1], a.lse_ss = lse->stride[2];
+    a.lse2 = (float *)(ws + lay.lse2_off);
+    a.delta = (float *)(ws + lay.delta_off);
+    a.dq_accum = pr->deterministic ? NULL : (float *)(ws + lay.dq_off);
+    a.seqlen_q = (int)pr->seqlen_q;
+    a.seqlen_k = (int)pr->seqlen_k;
+    a.heads_q = (int)pr->heads_q;
+    a.heads_kv = (int)pr->heads_kv;
+    a.group = (int)(pr->heads_q / pr->heads_kv);
+    a.head_dim = (int)pr->head_dim;
+    a.nq_pad = (int)lay.nq_pad;
+    a.dq_pitch = kd;
+    a.scale = pr->scale;
+    a.scale_log2 = pr->scale * 1.4426950408889634f;
+    a.causal = pr->causal != FLASHC_CAUSAL_NONE;
+    a.causal_offset = (int)flashc_causal_offset(pr);
+
+    const char *what = "backward kernel launch";
+    if (!pr->deterministic) {
+        err = cudaMemsetAsync(ws + lay.dq_off, 0, lay.total - lay.dq_off, stream);
+        what = "cudaMemsetAsync (dQ accumulator)";
+    }
+    if (err == cudaSuccess) {
+        err = fc_launch_bwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch, pr->deterministic != 0,
+                            stream);
+        what = "backward kernel launch";
+    }
+    if (owned) {
+        cudaError_t err2 = cudaFreeAsync(ws, stream);
+        if (err == cudaSuccess && err2 != cudaSuccess) {
+            err = err2;
+            what = "cudaFreeAsync (backward workspace)";
+        }
+    }
+    guard_leave(&guard);
+    if (err != cudaSuccess) return device_error(err, what);
+    return FLASHC_OK;
+}
+
+/* ---- memory of the backend's kind --------------------------------------------------------- */
+
+static flashc_status cuda_malloc(void *state, size_t bytes, void **ptr)
+{
+    device_guard guard;
+    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    if (st != FLASHC_OK) return st;
+    cudaError_t err = cudaMalloc(ptr, bytes); /* 256-byte aligned */
+    guard_leave(&guard);
+    if (err != cudaSuccess) {
+        *ptr = NULL;
+        return device_error(err, "cudaMalloc");
+    }
+    return FLASHC_OK;
+}
+
+static void cuda_free(void *state, void *ptr)
+{
+    device_guard guard;
+    if (guard_enter(&guard, (const cuda_state *)state) != FLASHC_OK) return;
+    cudaFree(ptr);
+    cudaGetLastError();
+    guard_leave(&guard);
+}
+
+static flashc_status cuda_memcpy(void *state, void *dst, const void *src, size_t bytes,
+                                 flashc_copy_kind kind)
+{
+    device_guard guard;
+    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    if (st != FLASHC_OK) return st;
+    cudaError_t err = cudaMemcpy(dst, src, bytes,
+                                 kind == FLASHC_COPY_TO_BACKEND ? cudaMemcpyHostToDevice
+                                                                : cudaMemcpyDeviceToHost);
+    guard_leave(&guard);
+    return err == cudaSuccess ? FLASHC_OK : device_error(err, "cudaMemcpy");
+}
+
+static flashc_status cuda_synchronize(void *state, void *stream)
+{
+    device_guard guard;
+    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    if (st != FLASHC_OK) return st;
+    cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+    guard_leave(&guard);
+    return err == cudaSuccess ? FLASHC_OK : device_error(err, "cudaStreamSynchronize");
+}
+
+extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
+    "cuda",
+    1, /* uses_device_memory */
+    0, /* accepts_f32_outputs */
+    cuda_available,
+    cuda_create,
+    cuda_destroy,
+    cuda_describe,
+    cuda_forward,
+    cuda_backward,
+    cuda_backward_workspace_size,
+    cuda_malloc,
+    cuda_free,
+    cuda_memcpy,
+    cuda_synchronize,
+};
