@@ -56,7 +56,9 @@ def _last_dim_contiguous(tensor):
     return tensor
 
 
-def _check_attention_tensors(named_tensors):
+def _check_attention_tensors(named_tensors, devices=True):
+    """Types and ndim; with devices, also that all are on one CPU or CUDA device (checked in
+    the kernels only, so that meta tensors reach the fake implementations)."""
     first_name, first = named_tensors[0]
     for name, tensor in named_tensors:
         if not isinstance(tensor, torch.Tensor):
@@ -68,11 +70,11 @@ def _check_attention_tensors(named_tensors):
                               "head_dim]" % (name, tensor.dim()))
         # The library sees raw pointers only: a tensor on another device than q would be read
         # as memory of the wrong kind.
-        if tensor.device != first.device:
+        if devices and tensor.device != first.device:
             raise FlashcError(Status.ERROR_INVALID_POINTER,
                               "%s: is on %s but %s is on %s" % (name, tensor.device, first_name,
                                                                first.device))
-    if first.device.type not in ("cpu", "cuda"):
+    if devices and first.device.type not in ("cpu", "cuda"):
         raise FlashcError(Status.ERROR_INVALID_POINTER,
                           "%s: tensors on %s are not supported; use CPU or CUDA tensors"
                           % (first_name, first.device))
@@ -269,7 +271,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                            "pass dropout_p=0.0" % (dropout_p,))
     if alibi_slopes is not None:
         raise _unsupported("alibi_slopes: ALiBi is not implemented in flashc yet")
-    _check_attention_tensors((("q", q), ("k", k), ("v", v)))
+    _check_attention_tensors((("q", q), ("k", k), ("v", v)), devices=False)
     window_left, window_right = (int(w) for w in window_size)
     out, lse = _attention(q, k, v, _resolve_scale(softmax_scale, q.shape[-1]),
                           int(_lib.causal_mode_of(causal, causal_mode)), window_left,

@@ -23,6 +23,10 @@ def pytest_terminal_summary(terminalreporter):
     if not MEASURED:
         return
     terminalreporter.section("flashc accuracy: largest relative error ||x - ref|| / ||ref||")
-    for (suite, dtype, tensor), (error, bound, case) in sorted(MEASURED.items()):
-        terminalreporter.write_line("%-22s %-9s %-4s %.2e  (bound %.0e; at %s)"
-                                    % (suite, dtype, tensor, error, bound, case))
+    rows = {}
+    for (suite, dtype, tensor), (error, bound, _) in MEASURED.items():
+        rows.setdefault((suite, dtype), (bound, {}))[1][tensor] = error
+    for (suite, dtype), (bound, errors) in sorted(rows.items()):
+        figures = "  ".join("%s %.1e" % (name, errors[name])
+                            for name in ("out", "lse", "dq", "dk", "dv") if name in errors)
+        terminalreporter.write_line("%-22s %-9s %s   (bound %.0e)" % (suite, dtype, figures, bound))
