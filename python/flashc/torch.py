@@ -245,6 +245,25 @@ def _unsupported(message):
     return FlashcError(Status.ERROR_UNSUPPORTED, message)
 
 
+def _autocast(tensors):
+    """Under torch.autocast, the tensors cast to the autocast dtype, as SDPA (on autocast's
+    lower-precision list) does; otherwise the tensors as they are. A model under autocast
+    hands attention float32 queries where rotary embeddings promoted them."""
+    device_type = tensors[0].device.type
+    if device_type not in ("cpu", "cuda"):
+        return tensors
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError):  # torch < 2.4 has only the CUDA form
+        enabled = device_type == "cuda" and torch.is_autocast_enabled()
+        dtype = torch.get_autocast_gpu_dtype() if enabled else None
+    if not enabled:
+        return tensors
+    return [t.to(dtype) if t.dtype in (torch.float32, torch.float16, torch.bfloat16) else t
+            for t in tensors]
+
+
 def _resolve_scale(softmax_scale, head_dim):
     # Resolved here rather than left to the library's "0 means default", so the value the
     # op records (and a traced graph shows) is the one used.
@@ -272,6 +291,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if alibi_slopes is not None:
         raise _unsupported("alibi_slopes: ALiBi is not implemented in flashc yet")
     _check_attention_tensors((("q", q), ("k", k), ("v", v)), devices=False)
+    q, k, v = _autocast([q, k, v])
     window_left, window_right = (int(w) for w in window_size)
     out, lse = _attention(q, k, v, _resolve_scale(softmax_scale, q.shape[-1]),
                           int(_lib.causal_mode_of(causal, causal_mode)), window_left,
@@ -309,12 +329,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     no_head_dim = query.dim() == 3
     if no_head_dim:
         tensors = [t.unsqueeze(1) for t in tensors]
-    query, key, value = tensors
+    query, key, value = _autocast(tensors)
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise FlashcError(Status.ERROR_INVALID_HEADS,
                           "query has %d heads but key has %d; pass enable_gqa=True for "
                           "grouped-query attention" % (query.shape[1], key.shape[1]))
-    q, k, v = (t.transpose(1, 2) for t in tensors)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     causal_mode = int(Causal.TOP_LEFT if is_causal else Causal.NONE)
     out, _ = _attention(q, k, v, _resolve_scale(scale, q.shape[-1]), causal_mode, -1, -1, 0.0,
                         False, backend or "")

@@ -1,8 +1,8 @@
 """flashc as an attention implementation of Hugging Face transformers.
 
     import flashc.transformers
-    flashc.transformers.register()                       # adds "flashc" to AttentionInterface
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="flashc")
+    name = flashc.transformers.register()                # "fc_attention"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
 
 The attention function takes the [batch, heads, seqlen, head_dim] tensors that transformers
 passes to its attention implementations, reads them in place as [batch, seqlen, heads,
@@ -15,7 +15,11 @@ FlashcError rather than ignored.
 from ._lib import FlashcError, Status
 from .torch import flash_attn_func
 
-__all__ = ["attention_forward", "register"]
+__all__ = ["DEFAULT_NAME", "attention_forward", "register"]
+
+# Not "flashc": transformers takes any implementation name containing "flash" for a
+# flash-attention kernel to fetch from its hub.
+DEFAULT_NAME = "fc_attention"
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -38,10 +42,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, None
 
 
-def register(name="flashc"):
+def register(name=DEFAULT_NAME):
     """Registers attention_forward under `name` in transformers' AttentionInterface, with the
     mask function of transformers' flash-attention integration, which passes no mask when
-    there is no padding (so padding is refused by attention_forward rather than dropped)."""
+    there is no padding (so padding is refused by attention_forward rather than dropped).
+    Returns the name, for attn_implementation=."""
+    if "flash" in name:
+        raise ValueError("transformers reads an attn_implementation containing 'flash' as a "
+                         "flash-attention kernel to download; pick another name than %r" % name)
     from transformers import AttentionInterface
 
     AttentionInterface.register(name, attention_forward)

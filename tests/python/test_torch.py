@@ -259,3 +259,14 @@ def test_bad_tensors():
                  q, k, v, scale=0.0, enable_gqa=True)
     expect_error(Status.ERROR_BACKEND_UNAVAILABLE, "tpu", ft.scaled_dot_product_attention,
                  q, k, v, enable_gqa=True, backend="tpu")
+
+
+def test_autocast_casts_like_sdpa():
+    q, k, v, _ = sdpa_inputs(1, 2, 2, 12, 12, 32, "float32", seed=10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ft.scaled_dot_product_attention(q, k, v, is_causal=True)
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32
+    assert relative_error(out, expected) <= 1e-2
