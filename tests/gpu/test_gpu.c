@@ -1,0 +1,689 @@
+/*
+ * test_gpu.c - checks the CUDA backend against the float64 "reference" backend of the same
+ * library, through the public API only.
+ *
+ * For every case: fresh random inputs (their gaps, in strided views, filled with NaN so that
+ * a read outside the view shows), outputs poisoned with NaN over their whole extent, the
+ * CUDA forward and then the backward from the CUDA forward's own O and LSE; the reference
+ * computes O, LSE, dQ, dK, dV in float64 (float32 outputs). Reported per tensor: the relative
+ * error ||x - ref|| / ||ref||, held to 5e-4 (fp16) or 5e-3 (bf16); every element of a view
+ * must be written and finite (LSE -inf exactly where the reference has it), and no element
+ * outside a view may change. The seed checks compare elementwise with their own atol/rtol.
+ * Deterministic cases run the backward twice and require bitwise-equal gradients.
+ *
+ *     test_gpu [--small] [--threads N] [--filter SUBSTRING]
+ *
+ * --small runs a few small shapes that reach every kernel, for compute-sanitizer.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "flashc.h"
+
+enum { LAYOUT_BSHD, LAYOUT_BHSD, LAYOUT_PADDED, LAYOUT_FLAT };
+static const char *layout_names[] = {"bshd", "bhsd", "padded", "flat"};
+enum { T_OUT, T_LSE, T_DQ, T_DK, T_DV, T_COUNT };
+static const char *tensor_names[T_COUNT] = {"out", "lse", "dq", "dk", "dv"};
+
+typedef struct gpu_case {
+    char name[160];
+    flashc_dtype dtype;
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    int causal;
+    float scale;
+    int layout;
+    double input_std;
+    int deterministic;
+    double atol, rtol; /* > 0: an elementwise seed check instead of the relative-error bar */
+    int check_lse;     /* seed checks: compare LSE too */
+    /* results */
+    double rel[T_COUNT], maxabs[T_COUNT];
+    int ok, ran;
+    char msg[512];
+} gpu_case;
+
+static flashc_backend *g_cuda;
+
+/* ---- random numbers and 16-bit floats ------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_normal(uint64_t *s)
+{
+    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+    int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        int shift = 14 - exp;
+        uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (uint32_t)(exp << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {
+            int e = -1;
+            do { mant <<= 1; e++; } while (!(mant & 0x400));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000 | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t to_half(flashc_dtype dt, float f) { return dt == FLASHC_BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+static float from_half(flashc_dtype dt, uint16_t h) { return dt == FLASHC_BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
+static uint16_t half_nan(flashc_dtype dt) { return dt == FLASHC_BF16 ? 0x7fc0 : 0x7e00; }
+
+/* ---- strided views ---------------------------------------------------------------------- */
+
+typedef struct view {
+    flashc_tensor t;
+    size_t extent; /* elements from data[0] to the last element of the view, plus one */
+} view;
+
+static view make_view(flashc_dtype dt, int layout, int64_t b, int64_t n, int64_t h, int64_t d)
+{
+    view v;
+    memset(&v, 0, sizeof v);
+    int64_t st[4];
+    switch (layout) {
+    case LAYOUT_BHSD: st[0] = h * n * d, st[1] = d, st[2] = n * d; break;
+    case LAYOUT_PADDED: st[2] = d + 8, st[1] = h * (d + 8) + 8, st[0] = n * st[1] + 16; break;
+    default: st[0] = n * h * d, st[1] = h * d, st[2] = d; break;
+    }
+    st[3] = 1;
+    v.t.data = NULL;
+    v.t.dtype = dt;
+    v.t.ndim = 4;
+    v.t.shape[0] = b, v.t.shape[1] = n, v.t.shape[2] = h, v.t.shape[3] = d;
+    for (int i = 0; i < 4; i++) v.t.stride[i] = st[i];
+    v.extent = (size_t)(1 + (b - 1) * st[0] + (n - 1) * st[1] + (h - 1) * st[2] + (d - 1));
+    return v;
+}
+
+/* Marks the elements of the view in a map of extent bytes. */
+static unsigned char *view_map(const view *v)
+{
+    unsigned char *m = (unsigned char *)calloc(v->extent, 1);
+    if (!m) return NULL;
+    const int64_t *s = v->t.stride, *n = v->t.shape;
+    for (int64_t b = 0; b < n[0]; b++)
+        for (int64_t i = 0; i < n[1]; i++)
+            for (int64_t h = 0; h < n[2]; h++)
+                memset(m + b * s[0] + i * s[1] + h * s[2], 1, (size_t)n[3]);
+    return m;
+}
+
+/* Host buffer of a view's extent: the view's elements normal(0, std), the gaps NaN. */
+static uint16_t *random_host(const view *v, double std, uint64_t *seed)
+{
+    uint16_t *x = (uint16_t *)malloc(v->extent * 2);
+    unsigned char *m = view_map(v);
+    if (!x || !m) { free(x); free(m); return NULL; }
+    for (size_t i = 0; i < v->extent; i++)
+        x[i] = m[i] ? to_half(v->t.dtype, (float)(std * rng_normal(seed))) : half_nan(v->t.dtype);
+    free(m);
+    return x;
+}
+
+/* ---- comparison ------------------------------------------------------------------------- */
+
+typedef struct cmp {
+    double num, den, maxabs;
+    long bad_elem;   /* elementwise seed-check failures */
+    long nonfinite;  /* NaN/inf where the reference is finite, or unwritten */
+    long gap_writes; /* elements outside the view that changed */
+} cmp;
+
+static void cmp_value(cmp *c, double x, double r, double atol, double rtol)
+{
+    if (isinf(r) && x == r) return;
+    if (!isfinite(x) || !isfinite(r)) { c->nonfinite++; return; }
+    double d = fabs(x - r);
+    c->num += d * d;
+    c->den += r * r;
+    if (d > c->maxabs) c->maxabs = d;
+    if (atol > 0 && d > atol + rtol * fabs(r)) c->bad_elem++;
+}
+
+/* Compares a 16-bit strided device result (copied to host) with a contiguous f32 reference
+ * [b][n][h][d], and checks that the gaps still hold the poison. */
+static cmp compare_view(const view *v, const uint16_t *got, const float *ref, double atol, double rtol)
+{
+    cmp c;
+    memset(&c, 0, sizeof c);
+    const int64_t *s = v->t.stride, *n = v->t.shape;
+    unsigned char *m = view_map(v);
+    size_t r = 0;
+    for (int64_t b = 0; b < n[0]; b++)
+        for (int64_t i = 0; i < n[1]; i++)
+            for (int64_t h = 0; h < n[2]; h++)
+                for (int64_t d = 0; d < n[3]; d++)
+                    cmp_value(&c, from_half(v->t.dtype, got[b * s[0] + i * s[1] + h * s[2] + d]), ref[r++],
+                              atol, rtol);
+    if (m) {
+        uint16_t poison = half_nan(v->t.dtype);
+        for (size_t i = 0; i < v->extent; i++)
+            if (!m[i] && got[i] != poison) c.gap_writes++;
+        free(m);
+    }
+    return c;
+}
+
+static double rel_of(const cmp *c)
+{
+    return c->den > 0 ? sqrt(c->num / c->den) : sqrt(c->num);
+}
+
+/* ---- one case ----------------------------------------------------------------------------- */
+
+typedef struct dev_buf {
+    void *p;
+} dev_buf;
+
+static int dev_alloc_copy(void **dst, const void *src, size_t bytes, gpu_case *c, const char *what)
+{
+    if (flashc_backend_malloc(g_cuda, bytes, dst) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "malloc %s: %s", what, flashc_last_error());
+        return 0;
+    }
+    if (src && flashc_backend_memcpy(g_cuda, *dst, src, bytes, FLASHC_COPY_TO_BACKEND) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "copy %s: %s", what, flashc_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+static int to_host(void *dst, const void *src, size_t bytes, gpu_case *c)
+{
+    if (flashc_backend_memcpy(g_cuda, dst, src, bytes, FLASHC_COPY_TO_HOST) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "copy back: %s", flashc_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+static void run_case(gpu_case *c, uint64_t seed)
+{
+    const flashc_dtype dt = c->dtype;
+    const int64_t B = c->batch, Nq = c->seqlen_q, Nk = c->seqlen_k, Hq = c->heads_q, Hk = c->heads_kv,
+                  D = c->head_dim;
+    view vq, vk, vv, vo, vdo, vdq, vdk, vdv;
+    if (c->layout == LAYOUT_FLAT) { /* [batch*heads, seqlen, head_dim]: heads folded into batch */
+        vq = make_view(dt, LAYOUT_BSHD, B * Hq, Nq, 1, D);
+        vk = make_view(dt, LAYOUT_BSHD, B * Hk, Nk, 1, D);
+    } else {
+        vq = make_view(dt, c->layout, B, Nq, Hq, D);
+        vk = make_view(dt, c->layout, B, Nk, Hk, D);
+    }
+    vv = vk, vo = vq, vdo = vq, vdq = vq, vdk = vk, vdv = vk;
+    const int64_t rB = vq.t.shape[0], rHq = vq.t.shape[2], rHk = vk.t.shape[2];
+    const size_t nq = (size_t)(rB * Nq * rHq * D), nk = (size_t)(rB * Nk * rHk * D), nl = (size_t)(rB * rHq * Nq);
+
+    uint16_t *hq = random_host(&vq, c->input_std, &seed), *hk = random_host(&vk, c->input_std, &seed),
+             *hv = random_host(&vv, c->input_std, &seed), *hdo = random_host(&vdo, 1.0, &seed);
+    uint16_t *poison_q = (uint16_t *)malloc(vq.extent * 2), *poison_k = (uint16_t *)malloc(vk.extent * 2);
+    float *poison_l = (float *)malloc(nl * 4);
+    uint16_t *go = (uint16_t *)malloc(vq.extent * 2), *gdq = (uint16_t *)malloc(vq.extent * 2),
+             *gdk = (uint16_t *)malloc(vk.extent * 2), *gdv = (uint16_t *)malloc(vk.extent * 2),
+             *gdq2 = (uint16_t *)malloc(vq.extent * 2), *gdk2 = (uint16_t *)malloc(vk.extent * 2),
+             *gdv2 = (uint16_t *)malloc(vk.extent * 2);
+    float *glse = (float *)malloc(nl * 4);
+    float *ro = (float *)malloc(nq * 4), *rlse = (float *)malloc(nl * 4), *rdq = (float *)malloc(nq * 4),
+          *rdk = (float *)malloc(nk * 4), *rdv = (float *)malloc(nk * 4);
+    void *dq_ = NULL, *dk_ = NULL, *dv_ = NULL, *ddo = NULL, *dout = NULL, *dlse = NULL, *ddq = NULL,
+         *ddk = NULL, *ddv = NULL;
+    flashc_backend *ref = NULL;
+    c->ok = 0;
+    if (!hq || !hk || !hv || !hdo || !poison_q || !poison_k || !poison_l || !go || !gdq || !gdk || !gdv ||
+        !gdq2 || !gdk2 || !gdv2 || !glse || !ro || !rlse || !rdq || !rdk || !rdv) {
+        snprintf(c->msg, sizeof c->msg, "host out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < vq.extent; i++) poison_q[i] = half_nan(dt);
+    for (size_t i = 0; i < vk.extent; i++) poison_k[i] = half_nan(dt);
+    for (size_t i = 0; i < nl; i++) poison_l[i] = NAN;
+
+    if (!dev_alloc_copy(&dq_, hq, vq.extent * 2, c, "q") || !dev_alloc_copy(&dk_, hk, vk.extent * 2, c, "k") ||
+        !dev_alloc_copy(&dv_, hv, vk.extent * 2, c, "v") || !dev_alloc_copy(&ddo, hdo, vq.extent * 2, c, "dout") ||
+        !dev_alloc_copy(&dout, poison_q, vq.extent * 2, c, "out") ||
+        !dev_alloc_copy(&dlse, poison_l, nl * 4, c, "lse") ||
+        !dev_alloc_copy(&ddq, poison_q, vq.extent * 2, c, "dq") ||
+        !dev_alloc_copy(&ddk, poison_k, vk.extent * 2, c, "dk") ||
+        !dev_alloc_copy(&ddv, poison_k, vk.extent * 2, c, "dv"))
+        goto done;
+
+    flashc_params p;
+    flashc_params_init(&p);
+    p.causal = c->causal;
+    p.softmax_scale = c->scale;
+    p.deterministic = c->deterministic;
+    flashc_tensor tq = vq.t, tk = vk.t, tv = vv.t, to = vo.t, tdo = vdo.t, tdq = vdq.t, tdk = vdk.t, tdv = vdv.t;
+    tq.data = dq_, tk.data = dk_, tv.data = dv_, to.data = dout, tdo.data = ddo, tdq.data = ddq, tdk.data = ddk,
+    tdv.data = ddv;
+    flashc_tensor tl = flashc_lse_contiguous((float *)dlse, rB, rHq, Nq);
+    if (flashc_forward(g_cuda, &p, &tq, &tk, &tv, &to, &tl) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "cuda forward: %s", flashc_last_error());
+        goto done;
+    }
+    if (flashc_backward(g_cuda, &p, &tdo, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "cuda backward: %s", flashc_last_error());
+        goto done;
+    }
+    if (flashc_backend_synchronize(g_cuda, NULL) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "cuda synchronize: %s", flashc_last_error());
+        goto done;
+    }
+    if (!to_host(go, dout, vq.extent * 2, c) || !to_host(glse, dlse, nl * 4, c) ||
+        !to_host(gdq, ddq, vq.extent * 2, c) || !to_host(gdk, ddk, vk.extent * 2, c) ||
+        !to_host(gdv, ddv, vk.extent * 2, c))
+        goto done;
+    int det_ok = 1;
+    if (c->deterministic) { /* a second backward must give the same bits */
+        flashc_backend_memcpy(g_cuda, ddq, poison_q, vq.extent * 2, FLASHC_COPY_TO_BACKEND);
+        if (flashc_backward(g_cuda, &p, &tdo, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv) != FLASHC_OK ||
+            flashc_backend_synchronize(g_cuda, NULL) != FLASHC_OK) {
+            snprintf(c->msg, sizeof c->msg, "cuda backward (2nd): %s", flashc_last_error());
+            goto done;
+        }
+        if (!to_host(gdq2, ddq, vq.extent * 2, c) || !to_host(gdk2, ddk, vk.extent * 2, c) ||
+            !to_host(gdv2, ddv, vk.extent * 2, c))
+            goto done;
+        det_ok = !memcmp(gdq, gdq2, vq.extent * 2) && !memcmp(gdk, gdk2, vk.extent * 2) &&
+                 !memcmp(gdv, gdv2, vk.extent * 2);
+    }
+
+    /* the reference, on the same host inputs */
+    if (flashc_backend_create("reference", NULL, &ref) != FLASHC_OK) {
+        snprintf(c->msg, sizeof c->msg, "reference backend: %s", flashc_last_error());
+        goto done;
+    }
+    {
+        flashc_tensor hq_t = vq.t, hk_t = vk.t, hv_t = vv.t, hdo_t = vdo.t;
+        hq_t.data = hq, hk_t.data = hk, hv_t.data = hv, hdo_t.data = hdo;
+        flashc_tensor ro_t = flashc_tensor_contiguous(ro, FLASHC_F32, rB, Nq, rHq, D);
+        flashc_tensor rl_t = flashc_lse_contiguous(rlse, rB, rHq, Nq);
+        flashc_tensor rdq_t = flashc_tensor_contiguous(rdq, FLASHC_F32, rB, Nq, rHq, D);
+        flashc_tensor rdk_t = flashc_tensor_contiguous(rdk, FLASHC_F32, rB, Nk, rHk, D);
+        flashc_tensor rdv_t = flashc_tensor_contiguous(rdv, FLASHC_F32, rB, Nk, rHk, D);
+        flashc_params rp = p;
+        rp.deterministic = 0;
+        if (flashc_forward(ref, &rp, &hq_t, &hk_t, &hv_t, &ro_t, &rl_t) != FLASHC_OK ||
+            flashc_backward(ref, &rp, &hdo_t, &hq_t, &hk_t, &hv_t, &ro_t, &rl_t, &rdq_t, &rdk_t, &rdv_t) !=
+                FLASHC_OK) {
+            snprintf(c->msg, sizeof c->msg, "reference: %s", flashc_last_error());
+            goto done;
+        }
+    }
+
+    {
+        const double atol = c->atol, rtol = c->rtol;
+        cmp cs[T_COUNT];
+        cs[T_OUT] = compare_view(&vo, go, ro, atol, rtol);
+        memset(&cs[T_LSE], 0, sizeof(cmp));
+        for (size_t i = 0; i < nl; i++)
+            cmp_value(&cs[T_LSE], glse[i], rlse[i], c->check_lse ? atol : 0, rtol);
+        cs[T_DQ] = compare_view(&vdq, gdq, rdq, atol, rtol);
+        cs[T_DK] = compare_view(&vdk, gdk, rdk, atol, rtol);
+        cs[T_DV] = compare_view(&vdv, gdv, rdv, atol, rtol);
+        const double bar = dt == FLASHC_BF16 ? 5e-3 : 5e-4;
+        int ok = det_ok;
+        char *m = c->msg;
+        size_t left = sizeof c->msg;
+        m[0] = 0;
+        for (int t = 0; t < T_COUNT; t++) {
+            c->rel[t] = rel_of(&cs[t]);
+            c->maxabs[t] = cs[t].maxabs;
+            int tok = cs[t].nonfinite == 0 && cs[t].gap_writes == 0;
+            if (atol > 0) {
+                if (t != T_LSE || c->check_lse) tok = tok && cs[t].bad_elem == 0;
+            } else {
+                tok = tok && c->rel[t] <= bar;
+            }
+            if (!tok) {
+                int w = snprintf(m, left, "%s: rel %.3g max|d| %.3g nonfinite %ld gap-writes %ld bad %ld; ",
+                                 tensor_names[t], c->rel[t], cs[t].maxabs, cs[t].nonfinite, cs[t].gap_writes,
+                                 cs[t].bad_elem);
+                if (w > 0 && (size_t)w < left) m += w, left -= (size_t)w;
+            }
+            ok = ok && tok;
+        }
+        if (!det_ok) snprintf(m, left, "deterministic backward differs between two runs");
+        c->ok = ok;
+    }
+done:
+    c->ran = 1;
+    flashc_backend_destroy(ref);
+    void *devs[] = {dq_, dk_, dv_, ddo, dout, dlse, ddq, ddk, ddv};
+    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) flashc_backend_free(g_cuda, devs[i]);
+    void *hosts[] = {hq, hk, hv, hdo, poison_q, poison_k, poison_l, go, gdq, gdk, gdv, gdq2, gdk2, gdv2, glse,
+                     ro, rlse, rdq, rdk, rdv};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) free(hosts[i]);
+}
+
+/* ---- the grid --------------------------------------------------------------------------- */
+
+static gpu_case *g_cases;
+static int g_ncases, g_cap, g_next;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static gpu_case *add_case(flashc_dtype dt, int64_t b, int64_t nq, int64_t nk, int64_t hq, int64_t hk,
+                          int64_t d, int causal, int layout)
+{
+    if (g_ncases == g_cap) {
+        g_cap = g_cap ? 2 * g_cap : 256;
+        g_cases = (gpu_case *)realloc(g_cases, (size_t)g_cap * sizeof *g_cases);
+        if (!g_cases) { fprintf(stderr, "out of memory\n"); exit(2); }
+    }
+    gpu_case *c = &g_cases[g_ncases++];
+    memset(c, 0, sizeof *c);
+    c->dtype = dt, c->batch = b, c->seqlen_q = nq, c->seqlen_k = nk, c->heads_q = hq, c->heads_kv = hk;
+    c->head_dim = d, c->causal = causal, c->layout = layout, c->input_std = 1.0;
+    return c;
+}
+
+static void name_case(gpu_case *c, const char *tag)
+{
+    static const char *causal_names[] = {"none", "br", "tl"};
+    snprintf(c->name, sizeof c->name, "%s%s%s b%lld q%lld k%lld h%lld/%lld d%lld causal=%s %s%s",
+             tag ? tag : "", tag ? ": " : "", c->dtype == FLASHC_BF16 ? "bf16" : "f16", (long long)c->batch,
+             (long long)c->seqlen_q, (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
+             (long long)c->head_dim, causal_names[c->causal], layout_names[c->layout],
+             c->deterministic ? " det" : "");
+}
+
+static void build_grid(int small)
+{
+    const flashc_dtype dts[2] = {FLASHC_F16, FLASHC_BF16};
+    const int dims[6] = {32, 64, 96, 128, 192, 256};
+    if (small) { /* every kernel: forward, prep, dK/dV (one pass and two), dQ convert, dQ deterministic */
+        const int sd[2] = {64, 256};
+        for (int i = 0; i < 2; i++)
+            for (int causal = 0; causal <= 1; causal++)
+                for (int det = 0; det <= 1; det++) {
+                    gpu_case *c = add_case(FLASHC_F16, 1, 77, 140, 2, 1, sd[i], causal, LAYOUT_PADDED);
+                    c->deterministic = det;
+                    name_case(c, "small");
+                }
+        gpu_case *c = add_case(FLASHC_BF16, 1, 130, 33, 2, 2, 128, 1, LAYOUT_BSHD);
+        name_case(c, "small");
+        return;
+    }
+    /* odd sizes over every head dim, causal modes, both dtypes; GQA 2:1 */
+    const int64_t sizes[][2] = {{1, 1}, {17, 17}, {127, 127}, {128, 128}, {129, 129},
+                                {17, 129}, {129, 17}, {1, 128}, {128, 1}};
+    for (int di = 0; di < 2; di++)
+        for (int i = 0; i < 6; i++)
+            for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+                for (int causal = 0; causal <= 2; causal++) {
+                    int layout = (int)((s + (size_t)causal) % 3);
+                    gpu_case *c = add_case(dts[di], 2, sizes[s][0], sizes[s][1], 4, 2, dims[i], causal, layout);
+                    name_case(c, NULL);
+                }
+    /* seqlen 1000, both directions of q != k */
+    for (int di = 0; di < 2; di++)
+        for (int i = 0; i < 6; i++)
+            for (int causal = 0; causal <= 1; causal++) {
+                gpu_case *c = add_case(dts[di], 1, 1000, 1000, 2, 1, dims[i], causal, LAYOUT_BHSD);
+                name_case(c, NULL);
+            }
+    const int64_t qk[][2] = {{1000, 301}, {301, 1000}};
+    for (int s = 0; s < 2; s++)
+        for (int causal = 0; causal <= 2; causal++) {
+            gpu_case *c = add_case(FLASHC_F16, 2, qk[s][0], qk[s][1], 2, 2, 128, causal, LAYOUT_PADDED);
+            name_case(c, NULL);
+            c = add_case(FLASHC_BF16, 1, qk[s][0], qk[s][1], 2, 1, 64, causal, LAYOUT_BSHD);
+            name_case(c, NULL);
+        }
+    /* 4097 */
+    for (int causal = 0; causal <= 1; causal++) {
+        gpu_case *c = add_case(FLASHC_F16, 1, 4097, 4097, 1, 1, 64, causal, LAYOUT_BSHD);
+        name_case(c, NULL);
+        c = add_case(FLASHC_BF16, 1, 4097, 4097, 1, 1, 128, causal, LAYOUT_BHSD);
+        name_case(c, NULL);
+    }
+    /* GQA 8:1 and MQA */
+    for (int di = 0; di < 2; di++)
+        for (int causal = 0; causal <= 1; causal++) {
+            gpu_case *c = add_case(dts[di], 2, 257, 300, 16, 2, 128, causal, LAYOUT_BSHD);
+            name_case(c, "gqa8");
+            c = add_case(dts[di], 1, 300, 257, 8, 1, 64, causal, LAYOUT_PADDED);
+            name_case(c, "mqa");
+            c = add_case(dts[di], 1, 129, 129, 4, 1, 256, causal, LAYOUT_BHSD);
+            name_case(c, "mqa");
+        }
+    /* head dims served by the next kernel up */
+    const int odd_dims[3] = {8, 40, 80};
+    for (int i = 0; i < 3; i++) {
+        gpu_case *c = add_case(FLASHC_F16, 1, 100, 200, 2, 1, odd_dims[i], 1, LAYOUT_BSHD);
+        name_case(c, "dim");
+    }
+    /* negative and large scales */
+    {
+        gpu_case *c = add_case(FLASHC_F16, 1, 130, 130, 2, 2, 64, 1, LAYOUT_BSHD);
+        c->scale = -0.2f;
+        name_case(c, "scale-0.2");
+        c = add_case(FLASHC_BF16, 1, 130, 130, 2, 2, 64, 0, LAYOUT_BSHD);
+        c->scale = 1.0f;
+        name_case(c, "scale1");
+    }
+    /* deterministic backward */
+    for (int i = 0; i < 6; i++) {
+        gpu_case *c = add_case(i % 2 ? FLASHC_BF16 : FLASHC_F16, 2, 333, 517, 4, 2, dims[i], i % 3 ? 1 : 0,
+                               LAYOUT_PADDED);
+        c->deterministic = 1;
+        name_case(c, NULL);
+    }
+    {
+        gpu_case *c = add_case(FLASHC_F16, 1, 1000, 1000, 8, 1, 128, 1, LAYOUT_BSHD);
+        c->deterministic = 1;
+        name_case(c, "mqa");
+    }
+    /* the seed checks */
+    for (int causal = 0; causal <= 1; causal++) {
+        gpu_case *c = add_case(FLASHC_F16, 1, 1024, 1024, 2, 2, 64, causal, LAYOUT_BHSD);
+        c->scale = 0.5f, c->input_std = 0.5, c->atol = 1e-2, c->rtol = 0;
+        name_case(c, "seed phobos/triton");
+    }
+    {
+        gpu_case *c = add_case(FLASHC_BF16, 3, 512, 512, 8, 8, 128, 1, LAYOUT_BHSD);
+        c->atol = 1e-2, c->rtol = 1e-2;
+        name_case(c, "seed teaching bf16");
+    }
+    {
+        gpu_case *c = add_case(FLASHC_F16, 2, 200, 333, 3, 3, 64, 0, LAYOUT_FLAT);
+        c->atol = 1e-2, c->rtol = 1e-2, c->check_lse = 1;
+        name_case(c, "seed teenygrad [b*h, n, d]");
+        c = add_case(FLASHC_F16, 2, 333, 200, 3, 3, 64, 1, LAYOUT_FLAT);
+        c->atol = 1e-2, c->rtol = 1e-2, c->check_lse = 1;
+        name_case(c, "seed teenygrad [b*h, n, d]");
+    }
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        int i = g_next++;
+        pthread_mutex_unlock(&g_lock);
+        if (i >= g_ncases) return NULL;
+        run_case(&g_cases[i], 0x5eed0000ull + (uint64_t)i * 7919u);
+    }
+}
+
+/* ---- error paths ------------------------------------------------------------------------- */
+
+static int expect_status(const char *what, flashc_status got, flashc_status want)
+{
+    int ok = got == want;
+    printf("  %-58s %s  (%s)\n", what, ok ? "PASS" : "FAIL", got == FLASHC_OK ? "ok" : flashc_last_error());
+    return ok;
+}
+
+static int error_path_checks(void)
+{
+    int fails = 0;
+    const int64_t B = 1, N = 64, H = 2, D = 64;
+    const size_t n = (size_t)(B * N * H * D) + 64;
+    void *q, *k, *v, *o, *l;
+    if (flashc_backend_malloc(g_cuda, n * 2, &q) || flashc_backend_malloc(g_cuda, n * 2, &k) ||
+        flashc_backend_malloc(g_cuda, n * 2, &v) || flashc_backend_malloc(g_cuda, n * 2, &o) ||
+        flashc_backend_malloc(g_cuda, (size_t)(B * H * N) * 4, &l)) {
+        printf("  error paths: allocation failed: %s\n", flashc_last_error());
+        return 1;
+    }
+    uint16_t *host = (uint16_t *)calloc(n, 2);
+    flashc_params p;
+    flashc_params_init(&p);
+    flashc_tensor tq = flashc_tensor_contiguous(q, FLASHC_F16, B, N, H, D);
+    flashc_tensor tk = flashc_tensor_contiguous(k, FLASHC_F16, B, N, H, D);
+    flashc_tensor tv = flashc_tensor_contiguous(v, FLASHC_F16, B, N, H, D);
+    flashc_tensor to = flashc_tensor_contiguous(o, FLASHC_F16, B, N, H, D);
+    flashc_tensor tl = flashc_lse_contiguous((float *)l, B, H, N);
+    flashc_tensor th = flashc_tensor_contiguous(host, FLASHC_F16, B, N, H, D);
+    fails += !expect_status("host pointer for q is rejected", flashc_forward(g_cuda, &p, &th, &tk, &tv, &to, &tl),
+                            FLASHC_ERROR_INVALID_POINTER);
+    flashc_tensor tmis = tq;
+    tmis.data = (uint16_t *)q + 1;
+    fails += !expect_status("q data pointer off 16 bytes is rejected",
+                            flashc_forward(g_cuda, &p, &tmis, &tk, &tv, &to, &tl), FLASHC_ERROR_INVALID_POINTER);
+    flashc_tensor tstr = tq;
+    tstr.shape[3] = 60, tstr.stride[2] = 60, tstr.stride[1] = 120, tstr.stride[0] = 120 * N;
+    flashc_tensor tk2 = tstr, tv2 = tstr, to2 = tstr;
+    tk2.data = k, tv2.data = v, to2.data = o;
+    fails += !expect_status("head_dim 60 (strides not multiples of 8) is refused",
+                            flashc_forward(g_cuda, &p, &tstr, &tk2, &tv2, &to2, &tl), FLASHC_ERROR_INVALID_HEAD_DIM);
+    flashc_tensor tstride = tq;
+    tstride.stride[1] = H * D + 4, tstride.shape[1] = N - 1;
+    flashc_tensor tks = tk, tvs = tv, tos = to;
+    tks.shape[1] = tvs.shape[1] = N - 1;
+    tos.shape[1] = N - 1;
+    flashc_tensor tl2 = flashc_lse_contiguous((float *)l, B, H, N - 1);
+    fails += !expect_status("q seqlen stride not a multiple of 8 is rejected",
+                            flashc_forward(g_cuda, &p, &tstride, &tks, &tvs, &tos, &tl2),
+                            FLASHC_ERROR_INVALID_POINTER);
+    fails += !expect_status("a valid call after the errors still works",
+                            flashc_forward(g_cuda, &p, &tq, &tk, &tv, &to, &tl), FLASHC_OK);
+    free(host);
+    flashc_backend_free(g_cuda, q);
+    flashc_backend_free(g_cuda, k);
+    flashc_backend_free(g_cuda, v);
+    flashc_backend_free(g_cuda, o);
+    flashc_backend_free(g_cuda, l);
+    return fails;
+}
+
+int main(int argc, char **argv)
+{
+    int small = 0, threads = 8;
+    const char *filter = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--small")) small = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else { fprintf(stderr, "usage: %s [--small] [--threads N] [--filter S]\n", argv[0]); return 2; }
+    }
+    if (flashc_backend_create("cuda", NULL, &g_cuda) != FLASHC_OK) {
+        printf("cuda backend unavailable: %s\n", flashc_last_error());
+        return 1;
+    }
+    printf("%s\n", flashc_backend_describe(g_cuda));
+    build_grid(small);
+    if (filter) {
+        int m = 0;
+        for (int i = 0; i < g_ncases; i++)
+            if (strstr(g_cases[i].name, filter)) g_cases[m++] = g_cases[i];
+        g_ncases = m;
+    }
+    if (small) threads = 1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pthread_t tid[64];
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    for (int i = 0; i < threads; i++) pthread_create(&tid[i], NULL, worker, NULL);
+    for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+
+    int fails = 0;
+    double worst[2][T_COUNT] = {{0}};
+    for (int i = 0; i < g_ncases; i++) {
+        gpu_case *c = &g_cases[i];
+        int bi = c->dtype == FLASHC_BF16;
+        if (c->atol == 0)
+            for (int t = 0; t < T_COUNT; t++)
+                if (c->rel[t] > worst[bi][t]) worst[bi][t] = c->rel[t];
+        if (!c->ok) fails++;
+        if (!c->ok || c->atol > 0 || small)
+            printf("%s %-64s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s\n", c->ok ? "PASS" : "FAIL", c->name,
+                   c->rel[0], c->rel[1], c->rel[2], c->rel[3], c->rel[4], c->ok ? "" : "  ", c->ok ? "" : c->msg);
+        if (c->atol > 0 && c->ok)
+            printf("     %-64s max|diff| out %.2e dq %.2e dk %.2e dv %.2e lse %.2e (atol %g rtol %g)\n", "",
+                   c->maxabs[0], c->maxabs[2], c->maxabs[3], c->maxabs[4], c->maxabs[1], c->atol, c->rtol);
+    }
+    printf("error paths:\n");
+    int efails = error_path_checks();
+    printf("\nsummary: %d cases in %.1f s, %d failed; error paths: %d failed\n", g_ncases,
+           (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec), fails, efails);
+    for (int bi = 0; bi < 2; bi++)
+        printf("worst relative error %-4s (bar %.0e): out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n",
+               bi ? "bf16" : "f16", bi ? 5e-3 : 5e-4, worst[bi][0], worst[bi][1], worst[bi][2], worst[bi][3],
+               worst[bi][4]);
+    flashc_backend_destroy(g_cuda);
+    return fails || efails ? 1 : 0;
+}
