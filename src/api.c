@@ -310,9 +310,14 @@ static flashc_status check_common(const flashc_tensor *t, const char *name)
         return flashc_error(FLASHC_ERROR_NULL_POINTER, "%s: tensor descriptor is NULL", name);
     if (!t->data)
         return flashc_error(FLASHC_ERROR_NULL_POINTER, "%s: data pointer is NULL", name);
-    if (flashc_dtype_size(t->dtype) == 0)
+    size_t esize = flashc_dtype_size(t->dtype);
+    if (esize == 0)
         return flashc_error(FLASHC_ERROR_INVALID_DTYPE, "%s: dtype %d is not a flashc_dtype",
                             name, (int)t->dtype);
+    if ((uintptr_t)t->data % esize != 0)
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "%s: data pointer %p is not aligned to its %zu-byte elements", name,
+                            t->data, esize);
     return FLASHC_OK;
 }
 
@@ -569,9 +574,10 @@ flashc_status flashc_backward(flashc_backend *backend, const flashc_params *para
     flashc_params p;
     TRY(check_params(params, &p));
     int f32_ok = backend->ops->accepts_f32_outputs;
-    named_span s[9] = {{"dout", {0, 0}, 0}, {"q", {0, 0}, 0},  {"k", {0, 0}, 0},
-                       {"v", {0, 0}, 0},    {"out", {0, 0}, 0}, {"lse", {0, 0}, 0},
-                       {"dq", {0, 0}, 1},   {"dk", {0, 0}, 1},  {"dv", {0, 0}, 1}};
+    named_span s[10] = {{"dout", {0, 0}, 0}, {"q", {0, 0}, 0},  {"k", {0, 0}, 0},
+                        {"v", {0, 0}, 0},    {"out", {0, 0}, 0}, {"lse", {0, 0}, 0},
+                        {"dq", {0, 0}, 1},   {"dk", {0, 0}, 1},  {"dv", {0, 0}, 1},
+                        {"params.workspace", {0, 0}, 1}};
     TRY(check_q_k_tensors(q, k, &s[1].sp, &s[2].sp));
     TRY(check_tensor4(v, "v", 0, &s[3].sp));
     TRY(check_dtype(v, "v", q->dtype, 0));
@@ -592,7 +598,17 @@ flashc_status flashc_backward(flashc_backend *backend, const flashc_params *para
     TRY(check_tensor4(dv, "dv", 1, &s[8].sp));
     TRY(check_dtype(dv, "dv", q->dtype, f32_ok));
     TRY(check_same_shape(dv, "dv", k, "k"));
-    TRY(check_aliasing(s, 9));
+    int n_spans = 9;
+    if (p.workspace) { /* the workspace is scratch written by the call: like an output */
+        uintptr_t begin = (uintptr_t)p.workspace;
+        if (begin + p.workspace_size < begin)
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "params.workspace + workspace_size wraps the address space");
+        s[9].sp.begin = begin;
+        s[9].sp.end = begin + p.workspace_size;
+        n_spans = 10;
+    }
+    TRY(check_aliasing(s, n_spans));
 
     flashc_problem pr;
     fill_problem(&pr, &p, q, k, dq->dtype);

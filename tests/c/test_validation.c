@@ -114,6 +114,8 @@ static void tensor_errors(void)
     BOTH("q dtype unknown", a.q.dtype = (flashc_dtype)99, FLASHC_ERROR_INVALID_DTYPE, "q");
     BOTH("k dtype differs", a.k.dtype = FLASHC_F16, FLASHC_ERROR_DTYPE_MISMATCH, "k");
     BOTH("v dtype differs", a.v.dtype = FLASHC_BF16, FLASHC_ERROR_DTYPE_MISMATCH, "v");
+    BOTH("q data misaligned", a.q.data = (char *)tq.buffer + 1, FLASHC_ERROR_INVALID_POINTER,
+         "q");
     BOTH("q ndim 3", a.q.ndim = 3, FLASHC_ERROR_INVALID_SIZE, "q");
     BOTH("head_dim 0", a.q.shape[3] = 0, FLASHC_ERROR_INVALID_HEAD_DIM, "head_dim");
     BOTH("head_dim 257", (a.q.shape[3] = 257, a.k.shape[3] = 257, a.v.shape[3] = 257),
@@ -182,6 +184,8 @@ static void param_errors(void)
     BOTH("dropout 0.1", a.params.dropout_p = 0.1f, FLASHC_ERROR_UNSUPPORTED, "dropout_p");
     BOTH("workspace NULL with a size", a.params.workspace_size = 64, FLASHC_ERROR_NULL_POINTER,
          "workspace");
+    BWD("workspace overlaps q", (a.params.workspace = tq.buffer, a.params.workspace_size = 4096),
+        FLASHC_ERROR_ALIASING, "workspace");
     char small[8];
     BWD("workspace too small", (a.params.workspace = small, a.params.workspace_size = 8),
         FLASHC_ERROR_WORKSPACE_TOO_SMALL, "workspace_size");

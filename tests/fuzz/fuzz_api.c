@@ -1,0 +1,242 @@
+/*
+ * fuzz_api.c - libFuzzer target: random tensor descriptors and params thrown at
+ * flashc_forward, flashc_backward and flashc_backward_workspace_size on the CPU and reference
+ * backends. Every tensor points into one poisoned arena; after each call the harness checks
+ * that a failed call changed no byte, and that a successful one changed only bytes inside the
+ * views of its outputs. Sanitizers (address, undefined) catch the rest.
+ *
+ *   clang -fsanitize=fuzzer,address,undefined ... ; ./fuzz_api -max_total_time=60
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashc.h"
+
+#define ARENA_BYTES (1 << 17)
+
+static unsigned char *arena, *before;
+static flashc_backend *cpu, *reference;
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t n;
+} reader;
+
+static uint8_t next_u8(reader *r)
+{
+    if (r->n == 0)
+        return 0;
+    r->n--;
+    return *r->p++;
+}
+
+static uint32_t next_u32(reader *r)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v = (v << 8) | next_u8(r);
+    return v;
+}
+
+/* Mostly small valid sizes; sometimes 0, negative or huge. */
+static int64_t fuzz_size(reader *r, int64_t typical)
+{
+    uint8_t sel = next_u8(r);
+    switch (sel % 16) {
+    case 0: return 0;
+    case 1: return -(int64_t)next_u8(r);
+    case 2: return (int64_t)next_u32(r) << (next_u8(r) % 32);
+    default: return 1 + (int64_t)(next_u8(r) % typical);
+    }
+}
+
+typedef struct fuzz_shape {
+    int64_t batch, nq, nk, hq, hkv, dim;
+} fuzz_shape;
+
+/* A descriptor of the given logical shape with fuzzed dtype, strides and placement. */
+static flashc_tensor fuzz_tensor(reader *r, int ndim, const int64_t *shape, flashc_dtype base)
+{
+    flashc_tensor t;
+    memset(&t, 0, sizeof t);
+    uint8_t mode = next_u8(r);
+    t.dtype = (mode % 8 == 0) ? (flashc_dtype)(next_u8(r) % 6) : base;
+    t.ndim = (mode % 16 == 1) ? (int32_t)(next_u8(r) % 6) : ndim;
+    for (int d = 0; d < 4; d++)
+        t.shape[d] = d < ndim ? shape[d] : 0;
+    if (mode % 8 == 2) /* perturb one size */
+        t.shape[next_u8(r) % 4] = fuzz_size(r, 8);
+    /* contiguous strides, then maybe a padded, transposed or broken variant */
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t.stride[d] = s;
+        int64_t ext = t.shape[d] > 0 && t.shape[d] < 4096 ? t.shape[d] : 1;
+        s *= ext + (mode % 8 == 3 ? (next_u8(r) % 3) : 0);
+    }
+    if (mode % 8 == 4 && ndim == 4) { /* the [batch, heads, seqlen, dim] view */
+        int64_t hs = t.stride[2];
+        t.stride[2] = t.stride[1];
+        t.stride[1] = hs;
+    }
+    if (mode % 16 == 5)
+        t.stride[next_u8(r) % 4] = (int64_t)(int32_t)next_u32(r);
+    size_t esize = flashc_dtype_size(t.dtype) ? flashc_dtype_size(t.dtype) : 2;
+    size_t offset = ((size_t)next_u32(r) % (ARENA_BYTES / 2)) & ~(size_t)(esize - 1);
+    if (mode % 32 == 6)
+        offset |= 1; /* misaligned */
+    t.data = (mode % 32 == 7) ? NULL : arena + offset;
+    return t;
+}
+
+/* Byte range a descriptor covers if the library could accept it; 0 when it must reject it
+ * (unknown dtype, NULL data, a size < 1 or > INT32_MAX, a negative stride, an overflow). */
+static int extent(const flashc_tensor *t, size_t *begin, size_t *end)
+{
+    size_t esize = flashc_dtype_size(t->dtype);
+    if (!t->data || !esize || t->ndim < 1 || t->ndim > 4)
+        return 0;
+    __int128 last = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 1 || t->shape[d] > INT32_MAX || t->stride[d] < 0)
+            return 0;
+        last += (__int128)(t->shape[d] - 1) * t->stride[d];
+    }
+    __int128 b = (unsigned char *)t->data - arena, e = b + (last + 1) * (__int128)esize;
+    if (e > ((__int128)1 << 62))
+        e = (__int128)1 << 62;
+    *begin = (size_t)b;
+    *end = (size_t)e;
+    return 1;
+}
+
+/* A call is made only if every plausibly valid view lies inside the arena: the library may
+ * read any valid view, so one reaching past the arena would be the harness's bug. */
+static int inside_arena(const flashc_tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++) {
+        size_t b, e;
+        if (ts[i] && extent(ts[i], &b, &e) && e > ARENA_BYTES)
+            return 0;
+    }
+    return 1;
+}
+
+/* Marks the bytes of the elements of a 4-d (or 3-d) view. */
+static void mark_view(const flashc_tensor *t, unsigned char *mask)
+{
+    size_t esize = flashc_dtype_size(t->dtype);
+    int64_t s3 = t->ndim == 4 ? t->shape[3] : 1;
+    for (int64_t a = 0; a < t->shape[0]; a++)
+        for (int64_t b = 0; b < t->shape[1]; b++)
+            for (int64_t c = 0; c < t->shape[2]; c++)
+                for (int64_t d = 0; d < s3; d++) {
+                    int64_t off = a * t->stride[0] + b * t->stride[1] + c * t->stride[2] +
+                                  d * (t->ndim == 4 ? t->stride[3] : 0);
+                    memset(mask + ((unsigned char *)t->data - arena) + off * (int64_t)esize, 1,
+                           esize);
+                }
+}
+
+static void check_writes(flashc_status st, flashc_tensor *const *outs, int n_outs,
+                         const flashc_params *p)
+{
+    if (st != FLASHC_OK) {
+        if (memcmp(arena, before, ARENA_BYTES) != 0)
+            abort(); /* a failed call wrote memory */
+        return;
+    }
+    unsigned char *mask = calloc(ARENA_BYTES, 1);
+    for (int i = 0; i < n_outs; i++)
+        mark_view(outs[i], mask);
+    if (p && p->workspace) /* the backward's scratch is the caller's to lend */
+        memset(mask + ((unsigned char *)p->workspace - arena), 1, p->workspace_size);
+    for (size_t i = 0; i < ARENA_BYTES; i++)
+        if (arena[i] != before[i] && !mask[i])
+            abort(); /* a write outside the outputs */
+    free(mask);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!arena) {
+        arena = malloc(ARENA_BYTES);
+        before = malloc(ARENA_BYTES);
+        flashc_backend_config cfg;
+        flashc_backend_config_init(&cfg);
+        cfg.num_threads = 2;
+        if (flashc_backend_create("cpu", &cfg, &cpu) != FLASHC_OK ||
+            flashc_backend_create("reference", NULL, &reference) != FLASHC_OK)
+            abort();
+    }
+    reader r = {data, size};
+    uint8_t op = next_u8(&r);
+    flashc_backend *be = (op & 1) ? reference : cpu;
+    if (op % 64 == 2)
+        be = NULL;
+    flashc_dtype dt = (flashc_dtype)(1 + next_u8(&r) % 3);
+    fuzz_shape s = {1 + next_u8(&r) % 3, 1 + next_u8(&r) % 9, 1 + next_u8(&r) % 9, 0, 0, 0};
+    s.hkv = 1 + next_u8(&r) % 3;
+    s.hq = s.hkv * (1 + next_u8(&r) % 3);
+    s.dim = (next_u8(&r) % 16 == 0) ? fuzz_size(&r, 300) : 1 + next_u8(&r) % 40;
+
+    const int64_t qs[4] = {s.batch, s.nq, s.hq, s.dim}, ks[4] = {s.batch, s.nk, s.hkv, s.dim};
+    const int64_t ls[3] = {s.batch, s.hq, s.nq};
+    flashc_tensor q = fuzz_tensor(&r, 4, qs, dt), k = fuzz_tensor(&r, 4, ks, dt);
+    flashc_tensor v = fuzz_tensor(&r, 4, ks, dt), o = fuzz_tensor(&r, 4, qs, dt);
+    flashc_tensor lse = fuzz_tensor(&r, 3, ls, FLASHC_F32), dout = fuzz_tensor(&r, 4, qs, dt);
+    flashc_tensor dq = fuzz_tensor(&r, 4, qs, dt), dk = fuzz_tensor(&r, 4, ks, dt);
+    flashc_tensor dv = fuzz_tensor(&r, 4, ks, dt);
+
+    flashc_params p;
+    flashc_params_init(&p);
+    uint8_t pm = next_u8(&r);
+    p.causal = (pm % 8 == 7) ? (int32_t)next_u8(&r) : pm % 3;
+    if (pm & 8) {
+        uint32_t bits = next_u32(&r);
+        memcpy(&p.softmax_scale, &bits, sizeof bits);
+    }
+    if (pm & 16)
+        p.deterministic = 1;
+    switch (next_u8(&r) % 16) {
+    case 0: p.window_left = (int32_t)next_u8(&r) - 2; break;
+    case 1: p.softcap = (float)next_u8(&r) - 1.0f; break;
+    case 2: p.dropout_p = (float)next_u8(&r) / 128.0f; break;
+    case 3: p.struct_size = next_u8(&r) % (sizeof p + 1); break; /* honest: never past p */
+    case 4: p.workspace_size = next_u8(&r); break;
+    case 5: p.workspace = arena + ARENA_BYTES / 2; p.workspace_size = next_u32(&r) % 65536; break;
+    default: break;
+    }
+
+    const flashc_tensor *all[] = {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv};
+    if (!inside_arena(all, 9))
+        return 0;
+
+    for (size_t i = 0; i < ARENA_BYTES; i++)
+        arena[i] = (unsigned char)(i * 131u + 7u);
+    memcpy(before, arena, ARENA_BYTES);
+
+    flashc_status st;
+    (void)st;
+    switch ((op >> 1) % 3) {
+    case 0: {
+        st = flashc_forward(be, &p, &q, &k, &v, &o, &lse);
+        flashc_tensor *outs[] = {&o, &lse};
+        check_writes(st, outs, 2, NULL);
+        break;
+    }
+    case 1: {
+        st = flashc_backward(be, &p, &dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv);
+        flashc_tensor *outs[] = {&dq, &dk, &dv};
+        check_writes(st, outs, 3, &p);
+        break;
+    }
+    default: {
+        size_t bytes;
+        st = flashc_backward_workspace_size(be, &p, &q, &k, &bytes);
+        check_writes(FLASHC_ERROR_INTERNAL, NULL, 0, NULL); /* a query writes nothing */
+        break;
+    }
+    }
+    return 0;
+}
