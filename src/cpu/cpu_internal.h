@@ -1,6 +1,7 @@
 /*
  * cpu_internal.h - state of the CPU backend and the pieces its forward and backward share:
- * block sizes, per-thread scratch and the loading of blocks of rows as float32.
+ * per-thread scratch, the packing of tensor rows into the micro-kernels' layouts
+ * (cpu_pack.c) and the per-row visibility of a block under the causal mask.
  */
 #ifndef FLASHC_CPU_INTERNAL_H
 #define FLASHC_CPU_INTERNAL_H
@@ -12,10 +13,6 @@
 #include "cpu/kernels.h"
 #include "cpu/threadpool.h"
 #include "dtype.h"
-
-/* Queries per block (rows of S) and keys per block (columns of S): a 64 x 256 float block
- * is 64 KiB, so the Q, K, V and O blocks of the largest head dim stay within L2. */
-enum { FLASHC_CPU_BLOCK_M = 64, FLASHC_CPU_BLOCK_N = 64 };
 
 typedef struct flashc_cpu_state {
     flashc_threadpool *pool;
@@ -37,33 +34,13 @@ static inline float *flashc_cpu_scratch_for(const cpu_scratch *s, int thread)
     return s->base + (size_t)thread * s->floats_per_thread;
 }
 
-/* Loads rows [s0, s0 + n) of head h of batch b into dst[n][dim] as float32. */
-static inline void flashc_cpu_load_rows(float *dst, const flashc_tensor *t, int64_t b,
-                                        int64_t s0, int64_t n, int64_t h)
-{
-    int64_t dim = t->shape[3];
-    for (int64_t r = 0; r < n; r++)
-        flashc_load_row(dst + r * dim, flashc_row_ptr(t, b, s0 + r, h), t->dtype, dim);
-}
+/* 64-byte aligned allocation of bytes (rounded up), NULL on failure or overflow. */
+void *flashc_cpu_alloc(size_t bytes);
 
-/* Rows of a float32 tensor used in place (no copy): the first row's address and the stride
- * between rows, in floats. NULL when the tensor is not float32. */
-static inline const float *flashc_cpu_direct_rows(const flashc_tensor *t, int64_t b, int64_t s0,
-                                                  int64_t h, ptrdiff_t *ld)
+/* Floats, rounded up to whole cache lines, so consecutive carve-outs stay 64-byte aligned. */
+static inline size_t flashc_cpu_lines(size_t floats)
 {
-    if (t->dtype != FLASHC_F32)
-        return NULL;
-    *ld = (ptrdiff_t)t->stride[1];
-    return (const float *)flashc_row_ptr(t, b, s0, h);
-}
-
-/* Stores rows [s0, s0 + n) of head h of batch b from src[n][dim], rounded to the dtype. */
-static inline void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int64_t b,
-                                         int64_t s0, int64_t n, int64_t h)
-{
-    int64_t dim = t->shape[3];
-    for (int64_t r = 0; r < n; r++)
-        flashc_store_row(flashc_row_ptr(t, b, s0 + r, h), src + r * dim, t->dtype, dim);
+    return (floats + 15) & ~(size_t)15;
 }
 
 /* Number of blocks of size block covering n. */
@@ -72,19 +49,45 @@ static inline int64_t flashc_cpu_blocks(int64_t n, int64_t block)
     return (n + block - 1) / block;
 }
 
-/* Masks S in place: entry (r, c) of a block starting at query i0 and key j0 becomes -inf
- * where key j0 + c is not visible to query i0 + r. */
-static inline void flashc_cpu_mask_block(const flashc_problem *pr, float *s, ptrdiff_t lds,
-                                         int64_t i0, int m, int64_t j0, int n)
+static inline int flashc_cpu_block_len(int64_t total, int64_t start, int64_t block)
 {
-    if (pr->causal == FLASHC_CAUSAL_NONE)
-        return;
+    return (int)(total - start < block ? total - start : block);
+}
+
+/* Visible keys of each row of a block (m queries from i0, n keys from j0), in [0, n]. */
+static inline void flashc_cpu_block_ncols(const flashc_problem *pr, int *ncols, int64_t i0,
+                                          int m, int64_t j0, int n)
+{
     for (int r = 0; r < m; r++) {
-        int64_t end = flashc_key_end(pr, i0 + r) - j0; /* first masked column */
-        for (int64_t c = end < 0 ? 0 : end; c < n; c++)
-            s[r * lds + c] = -INFINITY;
+        int64_t e = flashc_key_end(pr, i0 + r) - j0;
+        ncols[r] = e < 0 ? 0 : (e > n ? n : (int)e);
     }
 }
+
+/* ---- packing (cpu_pack.c): inputs of any dtype and strides into kernel layouts ---- */
+
+/* dst[n][dp] = scale * rows [s0, s0 + n) of head h of batch b, as float32, dims d..dp zero. */
+void flashc_cpu_pack_rows(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
+                          int n, int64_t h, float scale);
+/* dst[dp][64] = the same rows transposed (one key per column); columns n..64 and dims d..dp
+ * zero. */
+void flashc_cpu_pack_panel(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
+                           int n, int64_t h);
+/* bf16 tensors only: dst[n][dp] bf16 rows, dims d..dp zero. */
+void flashc_cpu_pack_rows16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                            int64_t s0, int n, int64_t h);
+/* bf16 tensors only: dst[dp/2][64][2], element (dim, key) at [dim/2][key][dim%2]. */
+void flashc_cpu_pack_panel16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                             int64_t s0, int n, int64_t h);
+/* bf16 tensors only: dst[32][dp][2], element (key, dim) at [key/2][dim][key%2]; keys n..64
+ * zero. */
+void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                             int64_t s0, int n, int64_t h);
+
+/* Stores rows [s0, s0 + n) of head h of batch b from src[n][ld] times scale, rounded to the
+ * dtype. */
+void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b, int64_t s0,
+                           int n, int64_t h, float scale);
 
 flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
                                  const flashc_tensor *k, const flashc_tensor *v,

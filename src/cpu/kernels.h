@@ -1,34 +1,90 @@
 /*
- * kernels.h - the CPU micro-kernels: the block products of attention and the exponential of
- * a score row. The blocked algorithm (cpu_forward.c, cpu_backward.c) calls only these for
- * its arithmetic, so a SIMD implementation replaces a table, not the algorithm.
+ * kernels.h - the CPU micro-kernels: the block products of attention, the online softmax of a
+ * block of scores and the exponential. The blocked algorithm (cpu_forward.c, cpu_backward.c)
+ * calls only these for its arithmetic, so an instruction set replaces a table, not the
+ * algorithm.
  *
- * Matrices are row-major float32 with explicit leading dimensions (elements between rows).
+ * Layouts (all buffers 64-byte aligned, float32 unless marked bf16):
+ *   rows   [n][dp]     a block of Q, dO, K or V rows, head dim zero-padded to dp
+ *   panel  [dp][64]    a block of 64 keys transposed (K^T or V^T), keys past the block's
+ *                      end and dims past head_dim zero
+ *   score  [m][64]     S, P, dP, dS of one block: BLOCK_M rows of BLOCK_N = 64 keys
+ * dp = flashc_cpu_padded_dim(head_dim), a multiple of 32 so that every row is a whole number
+ * of vectors of any supported width and of AMX tile rows (32 bf16).
+ *
+ * bf16 path (optional, for bf16 inputs on sets with a bf16 dot product):
+ *   rows16  [m][dp]           bf16 rows of Q
+ *   panel16 [dp/2][64][2]     K^T in pairs of dims: element (d, key) at [d/2][key][d%2]
+ *   vpair16 [32][dp][2]       V of one block in pairs of keys: (key, d) at [key/2][d][key%2]
+ *   score16 [m][64]           P rounded to bf16
+ * These are the "VNNI" layouts that vdpbf16ps and AMX tdpbf16ps consume.
  */
 #ifndef FLASHC_CPU_KERNELS_H
 #define FLASHC_CPU_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* Queries per block (rows of S) and keys per block (columns of S). A 64 x 64 float block is
+ * 16 KiB, so S stays in L1 between the two products of the forward. */
+enum { FLASHC_CPU_BLOCK_M = 64, FLASHC_CPU_BLOCK_N = 64 };
+
+static inline int flashc_cpu_padded_dim(int64_t head_dim)
+{
+    return (int)((head_dim + 31) & ~(int64_t)31);
+}
 
 typedef struct flashc_cpu_kernels {
     const char *name;
-    /* 1 if this machine can run the set. */
+    /* 1 if this machine can run the set (for AMX: and the kernel granted the tile state). */
     int (*supported)(void);
-    /* C[m x n] = A[m x k] * B[n x k]^T          (S = Q K^T, dP = dO V^T) */
-    void (*gemm_nt)(int m, int n, int k, const float *a, ptrdiff_t lda, const float *b,
-                    ptrdiff_t ldb, float *c, ptrdiff_t ldc);
-    /* C[m x n] += A[m x k] * B[k x n]           (O += P V, dQ += dS K) */
-    void (*gemm_nn_acc)(int m, int n, int k, const float *a, ptrdiff_t lda, const float *b,
-                        ptrdiff_t ldb, float *c, ptrdiff_t ldc);
-    /* C[m x n] += A[k x m]^T * B[k x n]         (dV += P^T dO, dK += dS^T Q) */
-    void (*gemm_tn_acc)(int m, int n, int k, const float *a, ptrdiff_t lda, const float *b,
-                        ptrdiff_t ldb, float *c, ptrdiff_t ldc);
-    /* x[i] = exp(x[i] - sub) for i < n, exp(-inf) = 0; returns the sum of the results.
-     * sub is finite. */
+
+    /* C[m][64] = A[m][k] * panel[k][64]           S = Q K^T, dP = dO V^T.
+     * A has row stride lda; only the first k rows of the panel are read. m <= 64. */
+    void (*gemm_panel)(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
+                       float *c);
+    /* C[m][dp] += A[m][0:n] * B[n][dp]             O += P V, dQ += dS K.  A is a score block
+     * (row stride 64), B rows (stride dp). */
+    void (*gemm_acc)(int m, int n, int dp, const float *a, const float *b, float *c);
+    /* C[n][dp] += A[m][0:n]^T * B[m][dp]           dV += P^T dO, dK += dS^T Q. */
+    void (*gemm_tn_acc)(int n, int m, int dp, const float *a, const float *b, float *c);
+
+    /* Online softmax of one forward block. Row r of s (m rows of 64) holds n scores (multiplied
+     * by scale first, unless it is 1), of which
+     * the first ncols[r] are visible. Updates the running max and sum of each row, rescales
+     * row r of o (stride dp) when its max grew, and turns s into P (0 past ncols[r], up to n).
+     * A row with no visible key so far gets P = 0 and keeps max -inf, sum 0. */
+    void (*softmax)(float *s, int m, int n, const int *ncols, float scale, float *row_max,
+                    float *row_sum, float *o, int dp);
+    /* Backward: s = Q K^T (unscaled), dp = dO V^T. Turns s into P = exp(scale s - lse[r]) and
+     * dp into dS = P (dP - delta[r]); both 0 past ncols[r] and on rows whose lse is not
+     * finite (no visible key). */
+    void (*p_ds)(float *s, float *dp, int m, int n, const int *ncols, float scale,
+                 const float *lse, const float *delta);
+    /* x[i] = exp(x[i] - sub) for i < n (exp(-inf) = 0); returns the sum of the results.
+     * sub is finite. The error bound of each set is stated where it is defined. */
     float (*exp_sum)(float *x, int n, float sub);
+
+    /* bf16 forward path, NULL where the set has none: the same products with bf16 operands
+     * and float32 accumulation (layouts in the header comment).
+     *   gemm_panel16: C[m][64] = A16[m][0:k] * panel16, k a multiple of 2 (zero-padded).
+     *   gemm_acc16:   C[m][dp] += P16[m][0:n] * vpair16, n rounded up to even (zero pad).
+     * A set that needs a per-thread setup (AMX tile configuration) does it inside.
+     * bf16_supported says whether this processor runs them (an AVX-512 part may lack
+     * AVX512_BF16); the algorithm takes the path only when it returns 1. */
+    int (*bf16_supported)(void);
+    void (*gemm_panel16)(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                         const uint16_t *panel16, float *c);
+    void (*gemm_acc16)(int m, int n, int dp, const uint16_t *p16, const uint16_t *vpair16,
+                       float *c);
+    /* Rows of a bf16 P: dst[m][64] = bf16(src[m][0:n]), zero from n to 64. */
+    void (*round_p16)(uint16_t *dst, const float *src, int m, int n);
 } flashc_cpu_kernels;
 
 extern const flashc_cpu_kernels flashc_cpu_kernels_generic;
+extern const flashc_cpu_kernels flashc_cpu_kernels_avx2;
+extern const flashc_cpu_kernels flashc_cpu_kernels_avx512;
+extern const flashc_cpu_kernels flashc_cpu_kernels_amx;
 
 /* The best supported set, or the one named (NULL if that name is unknown or unsupported). */
 const flashc_cpu_kernels *flashc_cpu_pick_kernels(const char *name);

@@ -1,10 +1,14 @@
 /*
- * kernels_generic.c - portable C micro-kernels: plain loops in the order that keeps the
- * innermost loop contiguous, so a compiler can vectorize them for whatever target it builds.
+ * kernels_generic.c - portable C micro-kernels (plain loops, innermost loop contiguous so a
+ * compiler can vectorize them for whatever target it builds), and the table of sets with the
+ * run-time choice among them.
+ *
+ * exp_sum here calls the C library's expf: its error is the libm's (glibc: < 1 ULP).
  */
 #include <math.h>
 #include <string.h>
 
+#include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 
 static int generic_supported(void)
@@ -12,48 +16,42 @@ static int generic_supported(void)
     return 1;
 }
 
-static void generic_gemm_nt(int m, int n, int k, const float *a, ptrdiff_t lda, const float *b,
-                            ptrdiff_t ldb, float *c, ptrdiff_t ldc)
+static void generic_gemm_panel(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
+                               float *c)
 {
     for (int i = 0; i < m; i++) {
+        float acc[FLASHC_CPU_BLOCK_N] = {0};
         const float *ai = a + i * lda;
-        for (int j = 0; j < n; j++) {
-            const float *bj = b + j * ldb;
-            float acc = 0.0f;
-            for (int p = 0; p < k; p++)
-                acc += ai[p] * bj[p];
-            c[i * ldc + j] = acc;
+        for (int p = 0; p < k; p++) {
+            const float *bp = panel + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
+            for (int j = 0; j < FLASHC_CPU_BLOCK_N; j++)
+                acc[j] += ai[p] * bp[j];
         }
+        memcpy(c + i * FLASHC_CPU_BLOCK_N, acc, sizeof acc);
     }
 }
 
-static void generic_gemm_nn_acc(int m, int n, int k, const float *a, ptrdiff_t lda,
-                                const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc)
+static void generic_gemm_acc(int m, int n, int dp, const float *a, const float *b, float *c)
 {
     for (int i = 0; i < m; i++) {
-        float *ci = c + i * ldc;
-        for (int p = 0; p < k; p++) {
-            float aip = a[i * lda + p];
-            if (aip == 0.0f)
-                continue;
-            const float *bp = b + p * ldb;
-            for (int j = 0; j < n; j++)
+        float *ci = c + (ptrdiff_t)i * dp;
+        for (int p = 0; p < n; p++) {
+            float aip = a[i * FLASHC_CPU_BLOCK_N + p];
+            const float *bp = b + (ptrdiff_t)p * dp;
+            for (int j = 0; j < dp; j++)
                 ci[j] += aip * bp[j];
         }
     }
 }
 
-static void generic_gemm_tn_acc(int m, int n, int k, const float *a, ptrdiff_t lda,
-                                const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc)
+static void generic_gemm_tn_acc(int n, int m, int dp, const float *a, const float *b, float *c)
 {
-    for (int p = 0; p < k; p++) {
-        const float *ap = a + p * lda, *bp = b + p * ldb;
-        for (int i = 0; i < m; i++) {
+    for (int p = 0; p < m; p++) {
+        const float *ap = a + p * FLASHC_CPU_BLOCK_N, *bp = b + (ptrdiff_t)p * dp;
+        for (int i = 0; i < n; i++) {
             float api = ap[i];
-            if (api == 0.0f)
-                continue;
-            float *ci = c + i * ldc;
-            for (int j = 0; j < n; j++)
+            float *ci = c + (ptrdiff_t)i * dp;
+            for (int j = 0; j < dp; j++)
                 ci[j] += api * bp[j];
         }
     }
@@ -69,17 +67,71 @@ static float generic_exp_sum(float *x, int n, float sub)
     return sum;
 }
 
+static void generic_softmax(float *s, int m, int n, const int *ncols, float scale, float *row_max,
+                            float *row_sum, float *o, int dp)
+{
+    for (int r = 0; r < m; r++) {
+        float *srow = s + r * FLASHC_CPU_BLOCK_N;
+        int nc = ncols[r];
+        if (scale != 1.0f)
+            for (int c = 0; c < n; c++)
+                srow[c] *= scale;
+        float block_max = -INFINITY;
+        for (int c = 0; c < nc; c++)
+            block_max = srow[c] > block_max ? srow[c] : block_max;
+        float new_max = block_max > row_max[r] ? block_max : row_max[r];
+        if (new_max == -INFINITY) { /* nothing visible yet in this row */
+            memset(srow, 0, (size_t)n * sizeof(float));
+            continue;
+        }
+        float alpha = expf(row_max[r] - new_max); /* 0 when row_max was -inf */
+        row_sum[r] = row_sum[r] * alpha + generic_exp_sum(srow, nc, new_max);
+        for (int c = nc; c < n; c++)
+            srow[c] = 0.0f;
+        row_max[r] = new_max;
+        if (alpha != 1.0f) {
+            float *orow = o + (ptrdiff_t)r * dp;
+            for (int d = 0; d < dp; d++)
+                orow[d] *= alpha;
+        }
+    }
+}
+
+static void generic_p_ds(float *s, float *dp, int m, int n, const int *ncols, float scale,
+                         const float *lse, const float *delta)
+{
+    for (int r = 0; r < m; r++) {
+        float *srow = s + r * FLASHC_CPU_BLOCK_N, *dprow = dp + r * FLASHC_CPU_BLOCK_N;
+        int nc = isfinite(lse[r]) ? ncols[r] : 0;
+        for (int c = 0; c < nc; c++) {
+            float p = expf(srow[c] * scale - lse[r]);
+            srow[c] = p;
+            dprow[c] = p * (dprow[c] - delta[r]);
+        }
+        for (int c = nc; c < n; c++)
+            srow[c] = dprow[c] = 0.0f;
+    }
+}
+
 const flashc_cpu_kernels flashc_cpu_kernels_generic = {
     .name = "generic",
     .supported = generic_supported,
-    .gemm_nt = generic_gemm_nt,
-    .gemm_nn_acc = generic_gemm_nn_acc,
+    .gemm_panel = generic_gemm_panel,
+    .gemm_acc = generic_gemm_acc,
     .gemm_tn_acc = generic_gemm_tn_acc,
+    .softmax = generic_softmax,
+    .p_ds = generic_p_ds,
     .exp_sum = generic_exp_sum,
 };
 
-/* Sets in order of preference; SIMD sets are added ahead of the generic one. */
+/* Sets in order of preference, best first; the generic set runs anywhere. An aarch64 NEON
+ * set slots in ahead of the generic one under its own #if. */
 static const flashc_cpu_kernels *const kernel_sets[] = {
+#if defined(FLASHC_CPU_X86)
+    &flashc_cpu_kernels_amx,
+    &flashc_cpu_kernels_avx512,
+    &flashc_cpu_kernels_avx2,
+#endif
     &flashc_cpu_kernels_generic,
 };
 
@@ -100,5 +152,9 @@ const flashc_cpu_kernels *flashc_cpu_pick_kernels(const char *name)
 
 const char *flashc_cpu_kernel_names(void)
 {
+#if defined(FLASHC_CPU_X86)
+    return "amx avx512 avx2 generic";
+#else
     return "generic";
+#endif
 }

@@ -1,11 +1,26 @@
 # Sources of the CPU backend, added to the flashc_objects library by the root CMakeLists.txt.
 # A micro-kernel file for an instruction set gets that set's compiler flags here, and only
-# it: the rest of the library stays runnable on any processor of the architecture.
+# it: the rest of the library stays runnable on any processor of the architecture, and the
+# set is chosen at run time from cpuid.
 target_sources(flashc_objects PRIVATE
   src/cpu/cpu_backend.c
   src/cpu/cpu_forward.c
   src/cpu/cpu_backward.c
+  src/cpu/cpu_pack.c
   src/cpu/threadpool.c
   src/cpu/kernels_generic.c
   src/cpu/cpu_features.c
 )
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|x64)$")
+  target_sources(flashc_objects PRIVATE
+    src/cpu/kernels_avx2.c
+    src/cpu/kernels_avx512.c
+    src/cpu/kernels_amx.c
+  )
+  target_compile_definitions(flashc_objects PRIVATE FLASHC_CPU_X86)
+  set_source_files_properties(src/cpu/kernels_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma")
+  set_source_files_properties(src/cpu/kernels_avx512.c PROPERTIES
+    COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mfma")
+  set_source_files_properties(src/cpu/kernels_amx.c PROPERTIES
+    COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mfma;-mamx-tile;-mamx-bf16")
+endif()

@@ -1,0 +1,96 @@
+/*
+ * cpu_pack.c - conversion of input rows (float32, fp16 or bf16, any row strides) into the
+ * layouts of kernels.h, and of float32 results back into the output's dtype. Packing runs
+ * once per (batch, kv head) and key block, O(N d) work beside the O(N^2 d) of the products.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_internal.h"
+
+void *flashc_cpu_alloc(size_t bytes)
+{
+    if (bytes > SIZE_MAX - 64)
+        return NULL;
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+void flashc_cpu_pack_rows(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
+                          int n, int64_t h, float scale)
+{
+    const int64_t d = t->shape[3];
+    for (int r = 0; r < n; r++) {
+        float *row = dst + (ptrdiff_t)r * dp;
+        flashc_load_row(row, flashc_row_ptr(t, b, s0 + r, h), t->dtype, d);
+        if (scale != 1.0f)
+            for (int64_t c = 0; c < d; c++)
+                row[c] *= scale;
+        for (int64_t c = d; c < dp; c++)
+            row[c] = 0.0f;
+    }
+}
+
+void flashc_cpu_pack_panel(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
+                           int n, int64_t h)
+{
+    const int64_t d = t->shape[3];
+    float row[FLASHC_MAX_HEAD_DIM];
+    memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(float));
+    for (int r = 0; r < n; r++) {
+        flashc_load_row(row, flashc_row_ptr(t, b, s0 + r, h), t->dtype, d);
+        for (int64_t c = 0; c < d; c++)
+            dst[c * FLASHC_CPU_BLOCK_N + r] = row[c];
+    }
+}
+
+void flashc_cpu_pack_rows16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                            int64_t s0, int n, int64_t h)
+{
+    const int64_t d = t->shape[3];
+    for (int r = 0; r < n; r++) {
+        uint16_t *row = dst + (ptrdiff_t)r * dp;
+        memcpy(row, flashc_row_ptr(t, b, s0 + r, h), (size_t)d * sizeof(uint16_t));
+        memset(row + d, 0, (size_t)(dp - d) * sizeof(uint16_t));
+    }
+}
+
+void flashc_cpu_pack_panel16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                             int64_t s0, int n, int64_t h)
+{
+    const int64_t d = t->shape[3];
+    memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+    for (int r = 0; r < n; r++) {
+        const uint16_t *src = flashc_row_ptr(t, b, s0 + r, h);
+        for (int64_t c = 0; c < d; c++)
+            dst[(c / 2) * FLASHC_CPU_BLOCK_N * 2 + r * 2 + (c & 1)] = src[c];
+    }
+}
+
+void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
+                             int64_t s0, int n, int64_t h)
+{
+    const int64_t d = t->shape[3];
+    memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+    for (int r = 0; r < n; r++) {
+        const uint16_t *src = flashc_row_ptr(t, b, s0 + r, h);
+        uint16_t *pair = dst + (ptrdiff_t)(r / 2) * dp * 2 + (r & 1);
+        for (int64_t c = 0; c < d; c++)
+            pair[c * 2] = src[c];
+    }
+}
+
+void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b, int64_t s0,
+                           int n, int64_t h, float scale)
+{
+    const int64_t d = t->shape[3];
+    float row[FLASHC_MAX_HEAD_DIM];
+    for (int r = 0; r < n; r++) {
+        const float *s = src + (ptrdiff_t)r * ld;
+        if (scale != 1.0f) {
+            for (int64_t c = 0; c < d; c++)
+                row[c] = s[c] * scale;
+            s = row;
+        }
+        flashc_store_row(flashc_row_ptr(t, b, s0 + r, h), s, t->dtype, d);
+    }
+}

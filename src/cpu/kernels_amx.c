@@ -1,0 +1,215 @@
+/*
+ * kernels_amx.c - AMX-BF16 micro-kernels for the bf16 forward (built with -mamx-tile
+ * -mamx-bf16 and the AVX-512 flags for this file only). The two products of the forward run
+ * on tiles: S = Q K^T as 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32
+ * dims of Q, B = 16 dim pairs x 16 keys of the packed K^T; O += P V the same way over 32
+ * keys at a time. Everything else (float32 and fp16 inputs, the softmax, the backward) is the
+ * AVX-512 set's: AMX-BF16 multiplies bf16 only, and rounding fp16 or fp32 inputs to bf16
+ * would break their accuracy bounds.
+ *
+ * Linux hands out the tile data state only on request: supported() asks once with
+ * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and reports 0 if it is refused. Each
+ * thread loads the tile configuration the first time it runs a tile kernel.
+ *
+ * Tile kernels read and write whole 16-row strips: the blocked algorithm gives them 64-row
+ * buffers, so the rows past m are scratch, computed and never used.
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_permitted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_request(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    amx_permitted = 0;
+#endif
+}
+
+static int amx_supported(void)
+{
+    const flashc_cpu_features *f = flashc_cpu_get_features();
+    if (!(f->amx_tile && f->amx_bf16 && f->avx512f && f->avx512bw && f->avx512vl &&
+          f->avx512bf16 && f->fma))
+        return 0;
+    pthread_once(&amx_once, amx_request);
+    return amx_permitted;
+}
+
+/* Palette 1: tiles 0-3 are C (16 x 16 float32), 4 is A and 5, 6 are B (16 rows x 64 bytes). */
+typedef struct __attribute__((packed)) amx_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static __thread int amx_configured;
+
+static void amx_configure(void)
+{
+    if (amx_configured)
+        return;
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    amx_configured = 1;
+}
+
+/* S[64-row buffer][64] = A16 * panel16, in strips of 16 rows; k a multiple of 32. */
+static void amx_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                             const uint16_t *panel16, float *c)
+{
+    amx_configure();
+    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int p = 0; p < k; p += 32) {
+            const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
+            _tile_loadd(4, a + r0 * lda + p, lda * (ptrdiff_t)sizeof(uint16_t));
+            _tile_loadd(5, bp + 0 * 32, bstride);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, bp + 1 * 32, bstride);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(5, bp + 2 * 32, bstride);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(6, bp + 3 * 32, bstride);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+        float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
+        const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
+        _tile_stored(0, cr + 0, cstride);
+        _tile_stored(1, cr + 16, cstride);
+        _tile_stored(2, cr + 32, cstride);
+        _tile_stored(3, cr + 48, cstride);
+    }
+}
+
+/* O[64-row buffer][dp] += P16 * vpair16 over whole 32-key steps (P16 is 0 past n). */
+static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint16_t *vpair16,
+                           float *c)
+{
+    amx_configure();
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
+    const size_t cstride = (size_t)dp * sizeof(float);
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
+        float *cr = c + (ptrdiff_t)r0 * dp;
+        int c0 = 0;
+        for (; c0 + 64 <= dp; c0 += 64) {
+            _tile_loadd(0, cr + c0 + 0, cstride);
+            _tile_loadd(1, cr + c0 + 16, cstride);
+            _tile_loadd(2, cr + c0 + 32, cstride);
+            _tile_loadd(3, cr + c0 + 48, cstride);
+            for (int kb = 0; kb < n; kb += 32) {
+                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+                _tile_loadd(4, ar + kb, astride);
+                _tile_loadd(5, bp + 0 * 32, bstride);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, bp + 1 * 32, bstride);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(5, bp + 2 * 32, bstride);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(6, bp + 3 * 32, bstride);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+            _tile_stored(0, cr + c0 + 0, cstride);
+            _tile_stored(1, cr + c0 + 16, cstride);
+            _tile_stored(2, cr + c0 + 32, cstride);
+            _tile_stored(3, cr + c0 + 48, cstride);
+        }
+        if (c0 < dp) { /* dp is a multiple of 32: one group of two tiles left */
+            _tile_loadd(0, cr + c0 + 0, cstride);
+            _tile_loadd(1, cr + c0 + 16, cstride);
+            for (int kb = 0; kb < n; kb += 32) {
+                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+                _tile_loadd(4, ar + kb, astride);
+                _tile_loadd(5, bp + 0 * 32, bstride);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, bp + 1 * 32, bstride);
+                _tile_dpbf16ps(1, 4, 6);
+            }
+            _tile_stored(0, cr + c0 + 0, cstride);
+            _tile_stored(1, cr + c0 + 16, cstride);
+        }
+    }
+}
+
+/* The rest is the AVX-512 set's, called through its table. */
+static void amx_gemm_panel(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
+                           float *c)
+{
+    flashc_cpu_kernels_avx512.gemm_panel(m, k, a, lda, panel, c);
+}
+
+static void amx_gemm_acc(int m, int n, int dp, const float *a, const float *b, float *c)
+{
+    flashc_cpu_kernels_avx512.gemm_acc(m, n, dp, a, b, c);
+}
+
+static void amx_gemm_tn_acc(int n, int m, int dp, const float *a, const float *b, float *c)
+{
+    flashc_cpu_kernels_avx512.gemm_tn_acc(n, m, dp, a, b, c);
+}
+
+static void amx_softmax(float *s, int m, int n, const int *ncols, float scale, float *row_max,
+                        float *row_sum, float *o, int dp)
+{
+    flashc_cpu_kernels_avx512.softmax(s, m, n, ncols, scale, row_max, row_sum, o, dp);
+}
+
+static void amx_p_ds(float *s, float *dp, int m, int n, const int *ncols, float scale,
+                     const float *lse, const float *delta)
+{
+    flashc_cpu_kernels_avx512.p_ds(s, dp, m, n, ncols, scale, lse, delta);
+}
+
+static float amx_exp_sum(float *x, int n, float sub)
+{
+    return flashc_cpu_kernels_avx512.exp_sum(x, n, sub);
+}
+
+static void amx_round_p16(uint16_t *dst, const float *src, int m, int n)
+{
+    flashc_cpu_kernels_avx512.round_p16(dst, src, m, n);
+}
+
+const flashc_cpu_kernels flashc_cpu_kernels_amx = {
+    .name = "amx",
+    .supported = amx_supported,
+    .gemm_panel = amx_gemm_panel,
+    .gemm_acc = amx_gemm_acc,
+    .gemm_tn_acc = amx_gemm_tn_acc,
+    .softmax = amx_softmax,
+    .p_ds = amx_p_ds,
+    .exp_sum = amx_exp_sum,
+    .gemm_panel16 = amx_gemm_panel16,
+    .gemm_acc16 = amx_gemm_acc16,
+    .round_p16 = amx_round_p16,
+    .bf16_supported = amx_supported,
+};

@@ -1,0 +1,252 @@
+/*
+ * kernels_avx512.c - AVX-512 micro-kernels (AVX-512F/BW/VL; built with those flags only for
+ * this file). The float32 products come from kernels_simd.inc with 6 x 4 register tiles
+ * (24 zmm accumulators, 64 columns); the bf16 forward path uses AVX512_BF16 vdpbf16ps,
+ * which does two multiply-adds per lane per instruction: twice the float32 FMA rate where
+ * the core issues it at the FMA rate (measured so on Zen 4).
+ *
+ * exp: x is clamped to >= -150 (exp(-inf) and anything below -103.97 give exactly 0 through
+ * vscalefps underflow), n = round(x log2 e), r = x - n ln2 (two-constant Cody-Waite, exact
+ * first product), e^r by a degree-6 minimax polynomial (the Cephes expf one), then
+ * scalef(p, n). Relative error <= 2 ULP of expf over [-87.3, 1] (tests/c/test_cpu_exp.c
+ * measures it); subnormal results keep an absolute error below 2^-126.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+
+#define KN(x) avx512_##x
+#define VW 16
+typedef __m512 vf;
+#define VLOAD(p) _mm512_load_ps(p)
+#define VLOADU(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_store_ps((p), (v))
+#define VSTOREU(p, v) _mm512_storeu_ps((p), (v))
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VMUL(a, b) _mm512_mul_ps((a), (b))
+#define VADD(a, b) _mm512_add_ps((a), (b))
+#define VSUB(a, b) _mm512_sub_ps((a), (b))
+#define VMAX(a, b) _mm512_max_ps((a), (b))
+#define VHMAX(v) _mm512_reduce_max_ps(v)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define TILE_MR 6
+#define TILE_NV 4
+#define TILE_NV2 2
+
+static inline __mmask16 avx512_lanes_below(int c0, int nc)
+{
+    int k = nc - c0;
+    return k >= 16 ? (__mmask16)0xffff : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1);
+}
+#define VSELECT_LT(c0, nc, v, w) _mm512_mask_blend_ps(avx512_lanes_below((c0), (nc)), (w), (v))
+
+static inline vf avx512_vexp(vf x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    vf p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    vf r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+#include "cpu/kernels_simd.inc"
+
+static int avx512_supported(void)
+{
+    const flashc_cpu_features *f = flashc_cpu_get_features();
+    return f->avx512f && f->avx512bw && f->avx512vl && f->fma;
+}
+
+/* ---- bf16 forward path (AVX512_BF16), used only when the processor has it ---- */
+
+/* The bf16 functions need the extra instruction set; the attribute keeps the rest of the file
+ * runnable on AVX-512 parts without it. */
+#define BF16_FN __attribute__((target("avx512bf16")))
+
+/* C[mr][64] = A16[mr][0:k] * panel16: per pair of dims, broadcast one 32-bit (d, d+1) pair of
+ * each row and dot it with 4 zmm of 16 keys x 2 dims. */
+static inline __attribute__((always_inline)) BF16_FN void
+avx512_panel16_tile(const int mr, int k, const uint16_t *a, ptrdiff_t lda,
+                    const uint16_t *panel, float *c)
+{
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[r][v] = _mm512_setzero_ps();
+    for (int p = 0; p < k; p += 2) {
+        const uint16_t *bp = panel + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N; /* [p/2][64][2] */
+        __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)(bp + 0));
+        __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(bp + 32));
+        __m512bh b2 = (__m512bh)_mm512_load_si512((const void *)(bp + 64));
+        __m512bh b3 = (__m512bh)_mm512_load_si512((const void *)(bp + 96));
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            int32_t pair;
+            __builtin_memcpy(&pair, a + r * lda + p, sizeof pair);
+            __m512bh ar = (__m512bh)_mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], ar, b2);
+            acc[r][3] = _mm512_dpbf16_ps(acc[r][3], ar, b3);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            _mm512_store_ps(c + r * FLASHC_CPU_BLOCK_N + v * 16, acc[r][v]);
+}
+
+#define PANEL16_TILE(MR)                                                                     \
+    static BF16_FN void avx512_panel16_##MR(int k, const uint16_t *a, ptrdiff_t lda,         \
+                                            const uint16_t *panel, float *c)                 \
+    {                                                                                         \
+        avx512_panel16_tile(MR, k, a, lda, panel, c);                                         \
+    }
+PANEL16_TILE(1)
+PANEL16_TILE(2)
+PANEL16_TILE(3)
+PANEL16_TILE(4)
+PANEL16_TILE(5)
+PANEL16_TILE(6)
+typedef void (*panel16_fn)(int, const uint16_t *, ptrdiff_t, const uint16_t *, float *);
+static const panel16_fn panel16_tiles[7] = {NULL, avx512_panel16_1, avx512_panel16_2,
+                                            avx512_panel16_3, avx512_panel16_4,
+                                            avx512_panel16_5, avx512_panel16_6};
+
+static void avx512_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                                const uint16_t *panel16, float *c)
+{
+    for (int r0 = 0; r0 < m; r0 += 6) {
+        int mr = m - r0 < 6 ? m - r0 : 6;
+        panel16_tiles[mr](k, a + r0 * lda, lda, panel16, c + r0 * FLASHC_CPU_BLOCK_N);
+    }
+}
+
+/* C[mr][nv*16] += P16[mr][0:n] * vpair16[n/2][dp][2] over pairs of keys. */
+static inline __attribute__((always_inline)) BF16_FN void
+avx512_acc16_tile(const int mr, const int nv, int n, int dp, const uint16_t *p16,
+                  const uint16_t *vp, float *c)
+{
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = _mm512_load_ps(c + (ptrdiff_t)r * dp + v * 16);
+    for (int kk = 0; kk < n; kk += 2) {
+        const uint16_t *bk = vp + (ptrdiff_t)(kk / 2) * dp * 2;
+        __m512bh bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            bv[v] = (__m512bh)_mm512_load_si512((const void *)(bk + v * 32));
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            int32_t pair;
+            __builtin_memcpy(&pair, p16 + r * FLASHC_CPU_BLOCK_N + kk, sizeof pair);
+            __m512bh ar = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bv[v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            _mm512_store_ps(c + (ptrdiff_t)r * dp + v * 16, acc[r][v]);
+}
+
+#define ACC16_TILE(MR)                                                                       \
+    static BF16_FN void avx512_acc16_##MR##_4(int n, int dp, const uint16_t *p,              \
+                                              const uint16_t *vp, float *c)                  \
+    {                                                                                         \
+        avx512_acc16_tile(MR, 4, n, dp, p, vp, c);                                            \
+    }                                                                                         \
+    static BF16_FN void avx512_acc16_##MR##_2(int n, int dp, const uint16_t *p,              \
+                                              const uint16_t *vp, float *c)                  \
+    {                                                                                         \
+        avx512_acc16_tile(MR, 2, n, dp, p, vp, c);                                            \
+    }
+ACC16_TILE(1)
+ACC16_TILE(2)
+ACC16_TILE(3)
+ACC16_TILE(4)
+ACC16_TILE(5)
+ACC16_TILE(6)
+typedef void (*acc16_fn)(int, int, const uint16_t *, const uint16_t *, float *);
+static const acc16_fn acc16_tiles[7][2] = {
+    {NULL, NULL},
+    {avx512_acc16_1_4, avx512_acc16_1_2},
+    {avx512_acc16_2_4, avx512_acc16_2_2},
+    {avx512_acc16_3_4, avx512_acc16_3_2},
+    {avx512_acc16_4_4, avx512_acc16_4_2},
+    {avx512_acc16_5_4, avx512_acc16_5_2},
+    {avx512_acc16_6_4, avx512_acc16_6_2},
+};
+
+static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
+                              const uint16_t *vpair16, float *c)
+{
+    int n2 = (n + 1) & ~1;
+    for (int c0 = 0; c0 < dp;) {
+        int wide = dp - c0 >= 64;
+        for (int r0 = 0; r0 < m; r0 += 6) {
+            int mr = m - r0 < 6 ? m - r0 : 6;
+            acc16_tiles[mr][wide ? 0 : 1](n2, dp, p16 + r0 * FLASHC_CPU_BLOCK_N,
+                                          vpair16 + (ptrdiff_t)c0 * 2,
+                                          c + (ptrdiff_t)r0 * dp + c0);
+        }
+        c0 += wide ? 64 : 32;
+    }
+}
+
+/* bf16 rounding to nearest even of P, 16 at a time with vcvtneps2bf16. Columns from n to 64
+ * become 0, so a kernel that reduces over whole 32-key tiles (AMX) adds nothing there. */
+static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int n)
+{
+    for (int r = 0; r < m; r++) {
+        const float *sr = src + r * FLASHC_CPU_BLOCK_N;
+        uint16_t *dr = dst + r * FLASHC_CPU_BLOCK_N;
+        for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
+            __m512 x = _mm512_maskz_mov_ps(avx512_lanes_below(c0, n), _mm512_load_ps(sr + c0));
+            _mm256_store_si256((__m256i *)(dr + c0), (__m256i)_mm512_cvtneps_pbh(x));
+        }
+    }
+}
+
+static int avx512_bf16_supported(void)
+{
+    return avx512_supported() && flashc_cpu_get_features()->avx512bf16;
+}
+
+/* The bf16 entries are used only where bf16_supported says the processor has AVX512_BF16. */
+const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
+    .name = "avx512",
+    .supported = avx512_supported,
+    .gemm_panel = avx512_gemm_panel,
+    .gemm_acc = avx512_gemm_acc,
+    .gemm_tn_acc = avx512_gemm_tn_acc,
+    .softmax = avx512_softmax,
+    .p_ds = avx512_p_ds,
+    .exp_sum = avx512_exp_sum,
+    .gemm_panel16 = avx512_gemm_panel16,
+    .gemm_acc16 = avx512_gemm_acc16,
+    .round_p16 = avx512_round_p16,
+    .bf16_supported = avx512_bf16_supported,
+};
