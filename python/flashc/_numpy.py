@@ -107,9 +107,14 @@ class _Output:
 
 
 def _host_backend(backend, num_threads):
-    if isinstance(backend, _lib.Backend):
-        return backend
-    return _lib.get_backend(backend or "cpu", num_threads)
+    if not isinstance(backend, _lib.Backend):
+        backend = _lib.get_backend(backend or "cpu", num_threads)
+    if backend.uses_device_memory:
+        raise FlashcError(Status.ERROR_INVALID_POINTER,
+                          "backend %r reads device memory, and numpy arrays live in host memory; "
+                          "use backend 'cpu' or 'reference' (or flashc.torch with CUDA tensors)"
+                          % backend.name)
+    return backend
 
 
 def forward(q, k, v, causal=False, softmax_scale=None, causal_mode="bottom_right", backend=None,

@@ -48,11 +48,23 @@ def _describe(name, tensor):
     return _lib.make_tensor(tensor.data_ptr(), code, shape, strides)
 
 
-def _last_dim_contiguous(tensor):
-    # The C API takes any strides but a unit one for head_dim: copy only in that case (e.g. a
-    # gradient that autograd expanded from a scalar).
-    if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+def _readable(tensor):
+    """The tensor, or a contiguous copy where the library could not read it in place: the C
+    API needs a unit stride for head_dim (a gradient that autograd expanded from a scalar
+    has 0), and the CUDA kernels' 16-byte vector loads need 16-byte aligned rows (pointer,
+    and strides of the dimensions longer than 1 in multiples of 8 elements)."""
+    if tensor.dim() == 0:
+        return tensor
+    if tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
         return tensor.contiguous()
+    if tensor.is_cuda:
+        misaligned = tensor.data_ptr() % 16 != 0 or any(
+            size > 1 and stride % 8 != 0
+            for size, stride in zip(tensor.shape[:-1], tensor.stride()[:-1]))
+        # A contiguous copy is only aligned when head_dim is a multiple of 8; otherwise the
+        # library's own message about head_dim is the better one.
+        if misaligned and tensor.shape[-1] % 8 == 0:
+            return tensor.contiguous()
     return tensor
 
 
@@ -94,6 +106,11 @@ class _DeviceCall:
             self.backend = _lib.get_backend(backend_name or "cpu", 0)
             self.stream = None
             self.guard = None
+        # The library sees raw pointers: host memory must go to a host backend and device
+        # memory to a device one, or the kernels would read memory of the wrong kind.
+        if self.backend.uses_device_memory != (device.type == "cuda"):
+            raise FlashcError(Status.ERROR_INVALID_POINTER,
+                              "backend %r cannot read tensors on %s" % (self.backend.name, device))
 
     def __enter__(self):
         if self.guard is not None:
@@ -117,7 +134,7 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softma
     """out [b, sq, hq, d] (contiguous) and lse [b, hq, sq] float32 for q [b, sq, hq, d] and
     k, v [b, sk, hkv, d]. deterministic is unused here; it rides along for the backward."""
     _check_attention_tensors((("q", q), ("k", k), ("v", v)))
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = (_readable(t) for t in (q, k, v))
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
@@ -136,7 +153,7 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (contiguous, shaped like q, k, v) for the forward's inputs and results."""
     _check_attention_tensors((("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out)))
-    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
     if lse.device != q.device:
         raise FlashcError(Status.ERROR_INVALID_POINTER,
                           "lse: is on %s but q is on %s" % (lse.device, q.device))
