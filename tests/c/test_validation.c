@@ -134,7 +134,7 @@ static void tensor_errors(void)
     BOTH("k strides overflow int64", (a.k.stride[1] = INT64_MAX / 2),
          FLASHC_ERROR_INVALID_SIZE, "k");
     BOTH("v extent wraps the address space",
-         (a.v.data = (void *)(UINTPTR_MAX - 64)), FLASHC_ERROR_INVALID_SIZE, "v");
+         (a.v.data = (void *)((UINTPTR_MAX - 64) & ~(uintptr_t)63)), FLASHC_ERROR_INVALID_SIZE, "v");
 
     FWD("out NULL", a.op = NULL_DESC, FLASHC_ERROR_NULL_POINTER, "out");
     FWD("lse NULL", a.lsep = NULL_DESC, FLASHC_ERROR_NULL_POINTER, "lse");
