@@ -45,8 +45,10 @@ static flashc_status cpu_create(const flashc_backend_config *cfg, void **state)
     if (!st)
         return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cpu: out of memory");
     st->kernels = kernels;
+    pthread_mutex_init(&st->ws_lock, NULL);
     st->pool = flashc_threadpool_create(pick_threads(cfg));
     if (!st->pool) {
+        pthread_mutex_destroy(&st->ws_lock);
         free(st);
         return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cpu: cannot start worker threads");
     }
@@ -58,6 +60,8 @@ static void cpu_destroy(void *state)
 {
     flashc_cpu_state *st = state;
     flashc_threadpool_destroy(st->pool);
+    pthread_mutex_destroy(&st->ws_lock);
+    free(st->ws);
     free(st);
 }
 
@@ -70,23 +74,39 @@ static void cpu_describe(void *state, char *buf, size_t size)
              flashc_threadpool_size(st->pool), st->kernels->name, features);
 }
 
-flashc_status flashc_cpu_scratch_alloc(cpu_scratch *s, int threads, size_t floats_per_thread)
+flashc_status flashc_cpu_workspace_get(flashc_cpu_state *st, size_t bytes, cpu_workspace *ws)
 {
-    /* round each thread's share up to a 64-byte multiple so threads never share a line */
-    floats_per_thread = (floats_per_thread + 15) & ~(size_t)15;
-    s->floats_per_thread = floats_per_thread;
-    s->base = aligned_alloc(64, (size_t)threads * floats_per_thread * sizeof(float));
-    if (!s->base)
-        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY,
-                            "cpu: out of memory for %zu bytes of scratch",
-                            (size_t)threads * floats_per_thread * sizeof(float));
+    ws->base = NULL;
+    ws->cached = 0;
+    if (pthread_mutex_trylock(&st->ws_lock) == 0) {
+        if (st->ws_bytes < bytes) {
+            free(st->ws);
+            st->ws = flashc_cpu_alloc(bytes);
+            st->ws_bytes = st->ws ? bytes : 0;
+        }
+        if (st->ws) {
+            ws->base = st->ws;
+            ws->cached = 1;
+            return FLASHC_OK;
+        }
+        pthread_mutex_unlock(&st->ws_lock);
+    } else {
+        ws->base = flashc_cpu_alloc(bytes);
+    }
+    if (!ws->base)
+        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cpu: out of memory for %zu bytes of workspace",
+                            bytes);
     return FLASHC_OK;
 }
 
-void flashc_cpu_scratch_free(cpu_scratch *s)
+void flashc_cpu_workspace_put(flashc_cpu_state *st, cpu_workspace *ws)
 {
-    free(s->base);
-    s->base = NULL;
+    if (ws->cached)
+        pthread_mutex_unlock(&st->ws_lock);
+    else
+        free(ws->base);
+    ws->base = NULL;
+    ws->cached = 0;
 }
 
 const flashc_backend_ops flashc_cpu_backend_ops = {

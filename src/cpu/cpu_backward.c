@@ -296,49 +296,42 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     const int threads = flashc_threadpool_size(st->pool);
     const int one_pass = use_one_pass(pr, threads);
 
-    /* everything is allocated before the first output write */
-    void *owned = NULL;
-    const size_t pack_floats =
-        (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * (size_t)job.dp * FLASHC_CPU_BLOCK_N;
-    job.kt = flashc_cpu_alloc(pack_floats * sizeof(float));
-    job.vt = flashc_cpu_alloc(pack_floats * sizeof(float));
-    job.kr = flashc_cpu_alloc(pack_floats * sizeof(float));
-    flashc_status status = FLASHC_OK;
-    if (!job.kt || !job.vt || !job.kr)
-        status = flashc_error(FLASHC_ERROR_OUT_OF_MEMORY,
-                              "cpu backward: out of memory for %zu bytes of packed K and V",
-                              3 * pack_floats * sizeof(float));
-    if (status == FLASHC_OK && !one_pass) {
-        if (pr->workspace) {
-            uintptr_t p = ((uintptr_t)pr->workspace + 63) & ~(uintptr_t)63;
-            job.delta = (float *)p;
-        } else {
-            owned = flashc_cpu_alloc(flashc_cpu_backward_workspace_size(state, pr));
-            job.delta = owned;
-            if (!owned)
-                status = flashc_error(FLASHC_ERROR_OUT_OF_MEMORY,
-                                      "cpu backward: out of memory for the delta workspace");
-        }
+    /* everything is allocated before the first output write, in one workspace: packed K^T,
+     * V^T and K, the delta rows (three passes, when the caller gave no workspace), then the
+     * threads' scratch */
+    const size_t pack_bytes = flashc_cpu_line_bytes(
+        (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * (size_t)job.dp *
+        FLASHC_CPU_BLOCK_N * sizeof(float));
+    const size_t delta_bytes =
+        one_pass || pr->workspace
+            ? 0
+            : flashc_cpu_line_bytes(flashc_cpu_backward_workspace_size(state, pr));
+    const size_t rows = one_pass ? (size_t)job.k_blocks * FLASHC_CPU_BLOCK_N : FLASHC_CPU_BLOCK_N;
+    const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
+    cpu_workspace ws;
+    flashc_status status = flashc_cpu_workspace_get(
+        st, 3 * pack_bytes + delta_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
+    if (status != FLASHC_OK)
+        return status;
+    job.kt = (float *)ws.base;
+    job.vt = (float *)(ws.base + pack_bytes);
+    job.kr = (float *)(ws.base + 2 * pack_bytes);
+    if (!one_pass)
+        job.delta = pr->workspace
+                        ? (float *)(((uintptr_t)pr->workspace + 63) & ~(uintptr_t)63)
+                        : (float *)(ws.base + 3 * pack_bytes);
+    job.scratch.base = (float *)(ws.base + 3 * pack_bytes + delta_bytes);
+    job.scratch.floats_per_thread = scratch_floats;
+
+    const int64_t bhq = pr->batch * pr->heads_q, bhk = pr->batch * pr->heads_kv;
+    flashc_threadpool_run(st->pool, bhk * job.k_blocks, pack_task, &job);
+    if (one_pass) {
+        flashc_threadpool_run(st->pool, bhk, onepass_task, &job);
+    } else {
+        flashc_threadpool_run(st->pool, bhq * job.q_blocks, delta_task, &job);
+        flashc_threadpool_run(st->pool, bhk * job.k_blocks, dkdv_task, &job);
+        flashc_threadpool_run(st->pool, bhq * job.q_blocks, dq_task, &job);
     }
-    if (status == FLASHC_OK) {
-        size_t rows = one_pass ? (size_t)job.k_blocks * FLASHC_CPU_BLOCK_N : FLASHC_CPU_BLOCK_N;
-        status = flashc_cpu_scratch_alloc(&job.scratch, threads, bwd_scratch_floats(job.dp, rows));
-    }
-    if (status == FLASHC_OK) {
-        const int64_t bhq = pr->batch * pr->heads_q, bhk = pr->batch * pr->heads_kv;
-        flashc_threadpool_run(st->pool, bhk * job.k_blocks, pack_task, &job);
-        if (one_pass) {
-            flashc_threadpool_run(st->pool, bhk, onepass_task, &job);
-        } else {
-            flashc_threadpool_run(st->pool, bhq * job.q_blocks, delta_task, &job);
-            flashc_threadpool_run(st->pool, bhk * job.k_blocks, dkdv_task, &job);
-            flashc_threadpool_run(st->pool, bhq * job.q_blocks, dq_task, &job);
-        }
-        flashc_cpu_scratch_free(&job.scratch);
-    }
-    free(owned);
-    free(job.kt);
-    free(job.vt);
-    free(job.kr);
-    return status;
+    flashc_cpu_workspace_put(st, &ws);
+    return FLASHC_OK;
 }

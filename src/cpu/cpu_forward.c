@@ -165,26 +165,23 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.k_blocks = flashc_cpu_blocks(pr->seqlen_k, FLASHC_CPU_BLOCK_N);
     job.block_elems = (size_t)job.dp * FLASHC_CPU_BLOCK_N;
 
-    /* everything is allocated before the first output write */
-    size_t pack_bytes = (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * job.block_elems *
-                        elem_size(&job);
-    job.kpack = flashc_cpu_alloc(pack_bytes);
-    job.vpack = flashc_cpu_alloc(pack_bytes);
-    int threads = flashc_threadpool_size(st->pool);
-    flashc_status status = FLASHC_OK;
-    if (!job.kpack || !job.vpack)
-        status = flashc_error(FLASHC_ERROR_OUT_OF_MEMORY,
-                              "cpu forward: out of memory for %zu bytes of packed K and V",
-                              2 * pack_bytes);
-    else
-        status = flashc_cpu_scratch_alloc(&job.scratch, threads, forward_scratch_floats(job.dp));
-    if (status == FLASHC_OK) {
-        flashc_threadpool_run(st->pool, pr->batch * pr->heads_kv * job.k_blocks, pack_task, &job);
-        flashc_threadpool_run(st->pool, job.q_blocks * pr->batch * pr->heads_q, forward_task,
-                              &job);
-        flashc_cpu_scratch_free(&job.scratch);
-    }
-    free(job.kpack);
-    free(job.vpack);
-    return status;
+    /* everything is allocated before the first output write: packed K, packed V, then the
+     * threads' scratch, in one workspace */
+    const size_t pack_bytes = flashc_cpu_line_bytes(
+        (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * job.block_elems * elem_size(&job));
+    const int threads = flashc_threadpool_size(st->pool);
+    const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp));
+    cpu_workspace ws;
+    flashc_status status = flashc_cpu_workspace_get(
+        st, 2 * pack_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
+    if (status != FLASHC_OK)
+        return status;
+    job.kpack = ws.base;
+    job.vpack = ws.base + pack_bytes;
+    job.scratch.base = (float *)(ws.base + 2 * pack_bytes);
+    job.scratch.floats_per_thread = scratch_floats;
+    flashc_threadpool_run(st->pool, pr->batch * pr->heads_kv * job.k_blocks, pack_task, &job);
+    flashc_threadpool_run(st->pool, job.q_blocks * pr->batch * pr->heads_q, forward_task, &job);
+    flashc_cpu_workspace_put(st, &ws);
+    return FLASHC_OK;
 }
