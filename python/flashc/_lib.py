@@ -32,9 +32,12 @@ def _candidate_paths():
     override = os.environ.get("FLASHC_LIBRARY")
     if override:
         return [override]
+    candidates = [os.path.join(_PACKAGE_DIR, _LIBRARY_FILE)]
     repo_root = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
-    build_dir = os.environ.get("FLASHC_BUILD_DIR", os.path.join(repo_root, "build"))
-    return [os.path.join(_PACKAGE_DIR, _LIBRARY_FILE), os.path.join(build_dir, _LIBRARY_FILE)]
+    if os.path.exists(os.path.join(repo_root, "CMakeLists.txt")):  # a source checkout
+        build_dir = os.environ.get("FLASHC_BUILD_DIR", os.path.join(repo_root, "build"))
+        candidates.append(os.path.join(build_dir, _LIBRARY_FILE))
+    return candidates
 
 
 def _load_library():
