@@ -68,9 +68,10 @@ def _readable(tensor):
     return tensor
 
 
-def _check_attention_tensors(named_tensors, devices=True):
-    """Types and ndim; with devices, also that all are on one CPU or CUDA device (checked in
-    the kernels only, so that meta tensors reach the fake implementations)."""
+def _check_attention_tensors(named_tensors, kernel=True):
+    """Types, ndim, and one device for all. With kernel (in the kernels, not the front ends,
+    so that meta tensors reach the fake implementations), also that it is a CPU or CUDA
+    device."""
     first_name, first = named_tensors[0]
     for name, tensor in named_tensors:
         if not isinstance(tensor, torch.Tensor):
@@ -82,11 +83,11 @@ def _check_attention_tensors(named_tensors, devices=True):
                               "head_dim]" % (name, tensor.dim()))
         # The library sees raw pointers only: a tensor on another device than q would be read
         # as memory of the wrong kind.
-        if devices and tensor.device != first.device:
+        if tensor.device != first.device:
             raise FlashcError(Status.ERROR_INVALID_POINTER,
                               "%s: is on %s but %s is on %s" % (name, tensor.device, first_name,
                                                                first.device))
-    if devices and first.device.type not in ("cpu", "cuda"):
+    if kernel and first.device.type not in ("cpu", "cuda"):
         raise FlashcError(Status.ERROR_INVALID_POINTER,
                           "%s: tensors on %s are not supported; use CPU or CUDA tensors"
                           % (first_name, first.device))
@@ -307,7 +308,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                            "pass dropout_p=0.0" % (dropout_p,))
     if alibi_slopes is not None:
         raise _unsupported("alibi_slopes: ALiBi is not implemented in flashc yet")
-    _check_attention_tensors((("q", q), ("k", k), ("v", v)), devices=False)
+    _check_attention_tensors((("q", q), ("k", k), ("v", v)), kernel=False)
     q, k, v = _autocast([q, k, v])
     window_left, window_right = (int(w) for w in window_size)
     out, lse = _attention(q, k, v, _resolve_scale(softmax_scale, q.shape[-1]),
@@ -352,6 +353,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                           "query has %d heads but key has %d; pass enable_gqa=True for "
                           "grouped-query attention" % (query.shape[1], key.shape[1]))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    _check_attention_tensors((("query", q), ("key", k), ("value", v)), kernel=False)
     causal_mode = int(Causal.TOP_LEFT if is_causal else Causal.NONE)
     out, _ = _attention(q, k, v, _resolve_scale(scale, q.shape[-1]), causal_mode, -1, -1, 0.0,
                         False, backend or "")

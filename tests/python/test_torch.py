@@ -251,6 +251,8 @@ def test_bad_tensors():
     expect_error(Status.ERROR_INVALID_SIZE, "4-d", ft.flash_attn_func, q[0], k, v)
     expect_error(Status.ERROR_INVALID_SIZE, "query", ft.scaled_dot_product_attention, q[0, 0, 0],
                  k, v)
+    expect_error(Status.ERROR_INVALID_POINTER, "meta", ft.scaled_dot_product_attention, q,
+                 k.to("meta"), v, enable_gqa=True)
     if ft.HAS_CUSTOM_OPS:  # the kernels refuse other devices; meta reaches the fake kernels
         expect_error(Status.ERROR_INVALID_POINTER, "meta", ft._attention_forward,
                      *(torch.empty(1, 8, 2, 16, device="meta"),) * 3, 0.25, 0, -1, -1, 0.0,
