@@ -535,6 +535,16 @@ static flashc_status check_q_k_tensors(const flashc_tensor *q, const flashc_tens
     return check_q_k(q, k);
 }
 
+/* A tensor that must look like another (q or k): its own checks, then the same shape and
+ * q's dtype (or float32 where the backend accepts float32 outputs). */
+static flashc_status check_like(const flashc_tensor *t, named_span *ns, const flashc_tensor *like,
+                                const char *like_name, flashc_dtype dtype, int allow_f32)
+{
+    TRY(check_tensor4(t, ns->name, ns->is_output, &ns->sp));
+    TRY(check_dtype(t, ns->name, dtype, allow_f32));
+    return check_same_shape(t, ns->name, like, like_name);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Entry points                                                                             */
 /* ---------------------------------------------------------------------------------------- */
@@ -550,12 +560,8 @@ flashc_status flashc_forward(flashc_backend *backend, const flashc_params *param
     named_span s[5] = {{"q", {0, 0}, 0}, {"k", {0, 0}, 0}, {"v", {0, 0}, 0},
                        {"out", {0, 0}, 1}, {"lse", {0, 0}, 1}};
     TRY(check_q_k_tensors(q, k, &s[0].sp, &s[1].sp));
-    TRY(check_tensor4(v, "v", 0, &s[2].sp));
-    TRY(check_dtype(v, "v", q->dtype, 0));
-    TRY(check_same_shape(v, "v", k, "k"));
-    TRY(check_tensor4(out, "out", 1, &s[3].sp));
-    TRY(check_dtype(out, "out", q->dtype, f32_ok));
-    TRY(check_same_shape(out, "out", q, "q"));
+    TRY(check_like(v, &s[2], k, "k", q->dtype, 0));
+    TRY(check_like(out, &s[3], q, "q", q->dtype, f32_ok));
     TRY(check_lse(lse, "lse", 1, q, &s[4].sp));
     TRY(check_aliasing(s, 5));
 
@@ -579,25 +585,13 @@ flashc_status flashc_backward(flashc_backend *backend, const flashc_params *para
                         {"dq", {0, 0}, 1},   {"dk", {0, 0}, 1},  {"dv", {0, 0}, 1},
                         {"params.workspace", {0, 0}, 1}};
     TRY(check_q_k_tensors(q, k, &s[1].sp, &s[2].sp));
-    TRY(check_tensor4(v, "v", 0, &s[3].sp));
-    TRY(check_dtype(v, "v", q->dtype, 0));
-    TRY(check_same_shape(v, "v", k, "k"));
-    TRY(check_tensor4(dout, "dout", 0, &s[0].sp));
-    TRY(check_dtype(dout, "dout", q->dtype, f32_ok));
-    TRY(check_same_shape(dout, "dout", q, "q"));
-    TRY(check_tensor4(out, "out", 0, &s[4].sp));
-    TRY(check_dtype(out, "out", q->dtype, f32_ok));
-    TRY(check_same_shape(out, "out", q, "q"));
+    TRY(check_like(v, &s[3], k, "k", q->dtype, 0));
+    TRY(check_like(dout, &s[0], q, "q", q->dtype, f32_ok));
+    TRY(check_like(out, &s[4], q, "q", q->dtype, f32_ok));
     TRY(check_lse(lse, "lse", 0, q, &s[5].sp));
-    TRY(check_tensor4(dq, "dq", 1, &s[6].sp));
-    TRY(check_dtype(dq, "dq", q->dtype, f32_ok));
-    TRY(check_same_shape(dq, "dq", q, "q"));
-    TRY(check_tensor4(dk, "dk", 1, &s[7].sp));
-    TRY(check_dtype(dk, "dk", q->dtype, f32_ok));
-    TRY(check_same_shape(dk, "dk", k, "k"));
-    TRY(check_tensor4(dv, "dv", 1, &s[8].sp));
-    TRY(check_dtype(dv, "dv", q->dtype, f32_ok));
-    TRY(check_same_shape(dv, "dv", k, "k"));
+    TRY(check_like(dq, &s[6], q, "q", q->dtype, f32_ok));
+    TRY(check_like(dk, &s[7], k, "k", q->dtype, f32_ok));
+    TRY(check_like(dv, &s[8], k, "k", q->dtype, f32_ok));
     int n_spans = 9;
     if (p.workspace) { /* the workspace is scratch written by the call: like an output */
         uintptr_t begin = (uintptr_t)p.workspace;
