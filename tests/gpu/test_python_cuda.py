@@ -68,12 +68,16 @@ REPORT = []
 
 
 @pytest.fixture(scope="module", autouse=True)
-def print_report():
+def print_report(pytestconfig):
     yield
-    if REPORT:
-        print("\nflashc CUDA vs float64 (relative error; torch SDPA at the same dtype beside it)")
+    # Written to the terminal directly: output captured from a test would not be shown.
+    terminal = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    if REPORT and terminal is not None:
+        terminal.write_line("")
+        terminal.write_line("flashc CUDA vs float64, relative error (torch SDPA at the same "
+                            "dtype in parentheses)")
         for line in REPORT:
-            print("  " + line)
+            terminal.write_line("  " + line)
 
 
 def check_against_float64(case, dtype, results, reference, torch_results):
