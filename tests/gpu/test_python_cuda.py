@@ -70,14 +70,14 @@ REPORT = []
 @pytest.fixture(scope="module", autouse=True)
 def print_report(pytestconfig):
     yield
-    # Written to the terminal directly: output captured from a test would not be shown.
-    terminal = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if REPORT and terminal is not None:
-        terminal.write_line("")
-        terminal.write_line("flashc CUDA vs float64, relative error (torch SDPA at the same "
-                            "dtype in parentheses)")
-        for line in REPORT:
-            terminal.write_line("  " + line)
+    if not REPORT:
+        return
+    lines = ["", "flashc CUDA vs float64, relative error (torch SDPA at the same dtype in "
+             "parentheses)"] + ["  " + line for line in REPORT]
+    # Printed with output capture suspended: what a test prints is otherwise not shown.
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n".join(lines))
 
 
 def check_against_float64(case, dtype, results, reference, torch_results):
