@@ -186,6 +186,8 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--quick", action="store_true", help="d64/d128, seqlen 1k/4k/16k, bf16")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--deterministic", action="store_true", help="flashc backward in deterministic mode")
+    ap.add_argument("--only-flashc", action="store_true", help="time flashc alone (for variants)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
@@ -213,13 +215,13 @@ def main():
                 for N in seqlens:
                     B = max(1, 16384 // N)
                     q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dt) for _ in range(4))
-                    call = FlashcCall(fc, q, k, v, do, causal)
+                    call = FlashcCall(fc, q, k, v, do, causal, 1 if args.deterministic else 0)
                     call.forward()
                     torch.cuda.synchronize()
                     fl = flops_fwd(B, H, N, D, causal)
                     r = {"dtype": dname, "D": D, "causal": causal, "N": N, "B": B, "H": H}
                     r["flashc"] = (fl / bench_ms(call.forward) / 1e9, 2.5 * fl / bench_ms(call.backward) / 1e9)
-                    for name, be in PEERS:
+                    for name, be in ([] if args.only_flashc else PEERS):
                         fwd, bwd, out, err = time_sdpa(be, q, k, v, do, causal)
                         if err:
                             r[name] = (None, None)
@@ -229,7 +231,7 @@ def main():
                             ref = out.float()
                             r["diff_fa2"] = ((call.o.float() - ref).norm() / ref.norm()).item()
                         del out
-                    use_flex = not args.no_flex and D in (64, 128) and dname == "bf16" and N in (1024, 4096, 16384)
+                    use_flex = not args.no_flex and not args.only_flashc and D in (64, 128) and dname == "bf16" and N in (1024, 4096, 16384)
                     if use_flex:
                         try:
                             fwd, bwd = time_flex(q, k, v, do, causal)
@@ -240,12 +242,13 @@ def main():
                     fmt = lambda x: "  -  " if x is None else f"{x:5.0f}"  # noqa: E731
                     print(f"{dname} d{D} {'causal' if causal else 'full  '} N{N:6d}  "
                           f"flashc {fmt(r['flashc'][0])}/{fmt(r['flashc'][1])}  "
-                          f"FA2 {fmt(r['FA2'][0])}/{fmt(r['FA2'][1])}  "
-                          f"cuDNN {fmt(r['cuDNN'][0])}/{fmt(r['cuDNN'][1])}  "
+                          f"FA2 {fmt(r.get('FA2', (None, None))[0])}/{fmt(r.get('FA2', (None, None))[1])}  "
+                          f"cuDNN {fmt(r.get('cuDNN', (None, None))[0])}/{fmt(r.get('cuDNN', (None, None))[1])}  "
                           f"diff {r.get('diff_fa2', float('nan')):.1e}", flush=True)
                     del q, k, v, do, call
                     torch.cuda.empty_cache()
-    write_results(rows, args, gpu, ceiling, fc.describe())
+    if not args.only_flashc:
+        write_results(rows, args, gpu, ceiling, fc.describe())
 
 
 def write_results(rows, args, gpu, ceiling, description):

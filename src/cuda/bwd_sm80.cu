@@ -32,6 +32,32 @@
 
 #define FC_LOG2E 1.4426950408889634f
 
+/* dst[0] += x, dst[1] += y in global memory; one vector reduction on sm_90, two before. */
+static __device__ __forceinline__ void atomic_add2(float *dst, float x, float y)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FC_NO_VECTOR_RED)
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+#endif
+}
+
+/* dst[0..3] += x, y, z, w (sm_90: one 16-byte vector reduction; dst 16-byte aligned). */
+static __device__ __forceinline__ void atomic_add4(float *dst, float x, float y, float z, float w)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x), "f"(y), "f"(z),
+                 "f"(w)
+                 : "memory");
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+    atomicAdd(dst + 2, z);
+    atomicAdd(dst + 3, w);
+#endif
+}
+
 /* ---- pre-pass ---------------------------------------------------------------------------- */
 
 template <int BF16>
@@ -90,7 +116,7 @@ static __device__ __forceinline__ void bwd_prefetch(const fc_bwd_args &a, int b,
 
 /* PASS 0: dK, dV and (if a.compute_dq) dQ; PASS 1: dV only; PASS 2: dK and dQ only. */
 template <int D, int BM, int NW, int BF16, int PASS>
-__global__ void __launch_bounds__(NW * 32, 1)
+__global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1)
 fc_bwd_dkdv_kernel(const fc_bwd_args a)
 {
     constexpr int BN = 16 * NW; /* keys per CTA: 16 per warp */
@@ -309,14 +335,30 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                 }
                 float *dqa = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0 + wm * 16) * a.dq_pitch +
                              wn * DW;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FC_DQ_RED2)
+                /* Lanes t and t^1 trade half their pairs so that each holds 4 consecutive
+                 * columns of one row: even t row g, odd t row g + 8; one 16-byte reduction. */
+                const int odd = t & 1;
+#pragma unroll
+                for (int dt = 0; dt < DW / 8; dt++) {
+                    const float give0 = odd ? dq[dt][0] : dq[dt][2], give1 = odd ? dq[dt][1] : dq[dt][3];
+                    const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+                    const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+                    float *dst = dqa + (g + 8 * odd) * a.dq_pitch + dt * 8 + 2 * (t & 2);
+                    if (odd)
+                        atomic_add4(dst, got0, got1, dq[dt][2], dq[dt][3]);
+                    else
+                        atomic_add4(dst, dq[dt][0], dq[dt][1], got0, got1);
+                }
+#else
 #pragma unroll
                 for (int dt = 0; dt < DW / 8; dt++)
 #pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
                         float *dst = dqa + (g + 8 * hr) * a.dq_pitch + dt * 8 + 2 * t;
-                        atomicAdd(dst, dq[dt][2 * hr]);
-                        atomicAdd(dst + 1, dq[dt][2 * hr + 1]);
+                        atomic_add2(dst, dq[dt][2 * hr], dq[dt][2 * hr + 1]);
                     }
+#endif
             }
         }
         __syncthreads(); /* stage st and the dS^T tile may be overwritten now */
@@ -516,6 +558,26 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
 /* D, BM (queries per step), warps (16 keys each) of the dK/dV kernel; whether it runs as two
  * passes (dV, then dK and dQ) to keep the accumulators in registers; and BN, warps of the
  * deterministic dQ kernel. */
+#ifndef FC_BWD_VARIANT
+#define FC_BWD_VARIANT 0
+#endif
+#if FC_BWD_VARIANT == 1 /* 4 warps (64 keys) per CTA: two CTAs per SM hide each other's barriers */
+#define FC_BWD_CONFIGS(X)          \
+    X(32, 64, 4, 0, 64, 4)         \
+    X(64, 64, 4, 0, 64, 4)         \
+    X(96, 32, 4, 0, 64, 4)         \
+    X(128, 32, 4, 0, 64, 4)        \
+    X(192, 32, 8, 1, 64, 4)        \
+    X(256, 32, 8, 1, 32, 4)
+#elif FC_BWD_VARIANT == 2
+#define FC_BWD_CONFIGS(X)          \
+    X(32, 64, 8, 0, 64, 4)         \
+    X(64, 32, 8, 0, 64, 4)         \
+    X(96, 64, 8, 0, 64, 4)         \
+    X(128, 32, 8, 0, 64, 4)        \
+    X(192, 32, 8, 1, 64, 4)        \
+    X(256, 32, 8, 1, 32, 4)
+#else
 #define FC_BWD_CONFIGS(X)          \
     X(32, 64, 8, 0, 64, 4)         \
     X(64, 64, 8, 0, 64, 4)         \
@@ -523,6 +585,7 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     X(128, 64, 8, 0, 64, 4)        \
     X(192, 32, 8, 1, 64, 4)        \
     X(256, 32, 8, 1, 32, 4)
+#endif
 
 static size_t dkdv_smem(int D, int BM, int NW)
 {

@@ -241,9 +241,12 @@ fc_fwd_kernel(const fc_fwd_args a)
 /* BM x BN tiles and warps per head dim: 4 warps of 32 rows each up to d128 (K and V
  * fragments reused over two row tiles halve the shared-memory reads per mma), 8 warps of 16
  * rows above, where the O accumulator of 32 rows would not fit in registers. */
+#ifndef FC_FWD_D64_BN
+#define FC_FWD_D64_BN 128
+#endif
 #define FC_FWD_CONFIGS(X)      \
     X(32, 128, 128, 4)         \
-    X(64, 128, 64, 4)          \
+    X(64, 128, FC_FWD_D64_BN, 4) \
     X(96, 128, 64, 4)          \
     X(128, 128, 64, 4)         \
     X(192, 128, 64, 8)         \
