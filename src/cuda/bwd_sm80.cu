@@ -43,6 +43,7 @@ static __device__ __forceinline__ void atomic_add2(float *dst, float x, float y)
 #endif
 }
 
+#ifdef FC_DQ_RED4 /* measured slower than two 8-byte reductions on the H200: kept off */
 /* dst[0..3] += x, y, z, w (sm_90: one 16-byte vector reduction; dst 16-byte aligned). */
 static __device__ __forceinline__ void atomic_add4(float *dst, float x, float y, float z, float w)
 {
@@ -57,6 +58,7 @@ static __device__ __forceinline__ void atomic_add4(float *dst, float x, float y,
     atomicAdd(dst + 3, w);
 #endif
 }
+#endif
 
 /* ---- pre-pass ---------------------------------------------------------------------------- */
 
@@ -335,7 +337,7 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                 }
                 float *dqa = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0 + wm * 16) * a.dq_pitch +
                              wn * DW;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FC_DQ_RED2)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(FC_DQ_RED4)
                 /* Lanes t and t^1 trade half their pairs so that each holds 4 consecutive
                  * columns of one row: even t row g, odd t row g + 8; one 16-byte reduction. */
                 const int odd = t & 1;
