@@ -64,7 +64,9 @@ def _readable(tensor):
         # A contiguous copy is only aligned when head_dim is a multiple of 8; otherwise the
         # library's own message about head_dim is the better one.
         if misaligned and tensor.shape[-1] % 8 == 0:
-            return tensor.contiguous()
+            # contiguous() would return a contiguous but misaligned tensor unchanged: clone
+            # into fresh (allocator-aligned) memory instead
+            return tensor.clone(memory_format=torch.contiguous_format)
     return tensor
 
 
