@@ -257,6 +257,44 @@ FLASHC_API flashc_status flashc_backward_workspace_size(flashc_backend *backend,
                                                         const flashc_tensor *q,
                                                         const flashc_tensor *k, size_t *bytes);
 
+/* ---------------------------------------------------------------------------------------- */
+/* Merging partial results by their LSE                                                     */
+/* (this section is appended and kept separate: it belongs to the merge and ring attention) */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Combines n partial attention results for the same queries, each computed over a disjoint
+ * set of keys (split-KV decoding, chunked prefill, ring attention), into the result over the
+ * union of the keys:
+ *
+ *     lse = log(sum_i exp(lse_i))          out = sum_i exp(lse_i - lse) * out_i
+ *
+ * A part whose lse_i is -inf (every one of its keys masked) contributes nothing, and its
+ * out_i is not used, whatever it holds; a row where every part is -inf gets out = 0 and
+ * lse = -inf, never NaN. lse values are expected finite or -inf, as flashc_forward writes
+ * them; a NaN or +inf in an lse gives NaN in that row.
+ *
+ * outs[i] and out: [batch, seqlen_q, heads, head_dim] (the layout of flashc_forward's out),
+ * any strides with the last dimension contiguous, each its own dtype (F32, F16 or BF16:
+ * parts may be fp16 and the result float32, or the other way round).
+ * lses[i] and lse: [batch, heads, seqlen_q] float32, any strides.
+ * n >= 1. out and lse must not overlap each other nor any part. Sums are taken in float32.
+ * stream: for a device backend, the cudaStream_t to run on (NULL: the default stream);
+ * ignored by the host backends ("cpu", "reference"), which finish before returning. */
+FLASHC_API flashc_status flashc_merge(flashc_backend *backend, void *stream, int32_t n,
+                                      const flashc_tensor *outs, const flashc_tensor *lses,
+                                      flashc_tensor *out, flashc_tensor *lse);
+
+/* The in-place form, for a loop that receives one part at a time (ring attention, chunked
+ * prefill): (acc_out, acc_lse) becomes the merge of itself and (part_out, part_lse).
+ * An empty accumulator is acc_lse filled with -INFINITY (acc_out then needs no
+ * initialization). Keep acc_out in F32 across many parts to avoid rounding at each step,
+ * or in the storage dtype to save memory; part_out may have any of the three dtypes.
+ * Shapes as in flashc_merge; the part must not overlap the accumulator. */
+FLASHC_API flashc_status flashc_merge_accumulate(flashc_backend *backend, void *stream,
+                                                 flashc_tensor *acc_out, flashc_tensor *acc_lse,
+                                                 const flashc_tensor *part_out,
+                                                 const flashc_tensor *part_lse);
+
 #ifdef __cplusplus
 }
 #endif

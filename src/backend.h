@@ -47,6 +47,8 @@ static inline int64_t flashc_key_end(const flashc_problem *pr, int64_t i)
     return end < 0 ? 0 : (end > pr->seqlen_k ? pr->seqlen_k : end);
 }
 
+struct flashc_merge_problem; /* defined with the LSE merge, at the end of this file */
+
 /* What a backend provides. Function pointers never see invalid arguments. */
 typedef struct flashc_backend_ops {
     const char *name;
@@ -73,6 +75,12 @@ typedef struct flashc_backend_ops {
     flashc_status (*memcpy_fn)(void *state, void *dst, const void *src, size_t bytes,
                                flashc_copy_kind kind);
     flashc_status (*synchronize_fn)(void *state, void *stream);
+    /* Optional: the LSE merge (flashc_merge, flashc_merge_accumulate; see
+     * flashc_merge_problem below). NULL: a host-memory backend gets merge.c's host loop, a
+     * device backend answers FLASHC_ERROR_UNSUPPORTED. */
+    flashc_status (*merge)(void *state, const struct flashc_merge_problem *pr,
+                           const flashc_tensor *outs, const flashc_tensor *lses,
+                           flashc_tensor *out, flashc_tensor *lse);
 } flashc_backend_ops;
 
 extern const flashc_backend_ops flashc_reference_backend_ops;
@@ -88,6 +96,27 @@ flashc_status flashc_error(flashc_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* ---- LSE merge (merge.c) ---------------------------------------------------------------- */
+
+/* A validated merge: n_parts parts of [batch, seqlen, heads, head_dim] out and
+ * [batch, heads, seqlen] float32 LSE, each tensor with its own dtype. When in_place is set
+ * (flashc_merge_accumulate), out and lse are the very views outs[0] and lses[0]: a backend
+ * must read every input of a row before it writes that row. */
+typedef struct flashc_merge_problem {
+    int64_t batch;
+    int64_t seqlen;
+    int64_t heads;
+    int64_t head_dim;
+    int32_t n_parts;
+    int32_t in_place;
+    void *stream;
+} flashc_merge_problem;
+
+/* The host loop, for backends whose tensors live in host memory. */
+flashc_status flashc_host_merge(void *state, const flashc_merge_problem *pr,
+                                const flashc_tensor *outs, const flashc_tensor *lses,
+                                flashc_tensor *out, flashc_tensor *lse);
 
 #ifdef __cplusplus
 }
