@@ -192,7 +192,9 @@ def main():
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--peers", default="FA2,cuDNN,mem-eff", help="SDPA backends to time beside flashc")
     args = ap.parse_args()
+    peers = [p for p in PEERS if p[0] in args.peers.split(",")]
 
     torch.manual_seed(0)
     fc = Flashc(args.lib)
@@ -221,7 +223,7 @@ def main():
                     fl = flops_fwd(B, H, N, D, causal)
                     r = {"dtype": dname, "D": D, "causal": causal, "N": N, "B": B, "H": H}
                     r["flashc"] = (fl / bench_ms(call.forward) / 1e9, 2.5 * fl / bench_ms(call.backward) / 1e9)
-                    for name, be in ([] if args.only_flashc else PEERS):
+                    for name, be in ([] if args.only_flashc else peers):
                         fwd, bwd, out, err = time_sdpa(be, q, k, v, do, causal)
                         if err:
                             r[name] = (None, None)

@@ -5,7 +5,12 @@
  *
  *   fc_bwd_prep     one warp per query row: delta = rowsum(dO * O) in fp32, and the LSE moved
  *                   into the log2 domain (+inf for a row that saw no key, so its P is 0).
- *   fc_bwd_dkdv     one CTA per block of BN keys of one (batch, kv head); it loops over the
+ *   fc_bwd_tiled    (head dims <= 128) dK, dV and dQ like fc_bwd_dkdv below, but with a warp
+ *                   grid per product and P, dS staged in shared memory, so each warp reads
+ *                   fewer operand bytes per mma (see the kernel's comment).
+ *   fc_bwd_dkdv     (head dims 192, 256, and smaller ones on parts with too little shared
+ *                   memory for the tiled kernel)
+ *                   one CTA per block of BN keys of one (batch, kv head); it loops over the
  *                   query blocks that see those keys and over the query heads of the GQA
  *                   group, so dK and dV are summed in registers and written once. The
  *                   products are taken with the keys as rows, so that P^T and dS^T come out
@@ -27,10 +32,21 @@
  *   fc_bwd_dq_convert   dq_accum * scale -> dQ in the input type, strided.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "common.cuh"
 
 #define FC_LOG2E 1.4426950408889634f
+
+/* FC_DQ_BULK: the dQ tile of the tiled kernel through shared memory and the copy engine's
+ * bulk reductions (sm_90), one reduction of D floats per row, instead of vector atomics.
+ * Measured 13-30% slower on the H200 (the rows queue in the copy engine and one warp waits
+ * for their reads every step): kept off. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(FC_DQ_BULK)
+#define FC_HAVE_BULK 1
+#else
+#define FC_HAVE_BULK 0
+#endif
 
 /* dst[0] += x, dst[1] += y in global memory; one vector reduction on sm_90, two before. */
 static __device__ __forceinline__ void atomic_add2(float *dst, float x, float y)
@@ -391,6 +407,330 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                               keys_valid, a.head_dim, tid);
 }
 
+/* ---- dK, dV, dQ with P and dS staged in shared memory (head dims <= 128) ------------------- */
+
+/* One CTA of 8 warps per block of BN keys, looping over query blocks of BM, like the kernel
+ * above, but each product gets its own warp grid, so that every warp owns a square-ish tile
+ * and reads fewer operand bytes from shared memory per mma:
+ *
+ *   S  = Q K^T, dP = dO V^T   BM x BN, warps WMS (queries) x 8/WMS (keys)
+ *   P, dS (16-bit)            written to shared memory as [query][key]
+ *   dV += P^T dO, dK += dS^T Q   BN x D, warps WKV (keys) x 8/WKV (columns); P^T and dS^T
+ *                             read with ldmatrix.trans
+ *   dQ  = dS K                BM x D, warps WMQ (queries) x 8/WMQ (columns); fp32 vector
+ *                             reductions into dq_accum
+ *
+ * Two barriers per step: after the cp.async wait (the stage is in, and every warp is past the
+ * previous step's reads of P, dS and the other stage, which the prefetch then refills), and
+ * after P and dS are written. */
+template <int D, int BM, int BN, int WMS, int WKV, int WMQ, int BF16>
+__global__ void __launch_bounds__(256, 1)
+fc_bwd_tiled_kernel(const fc_bwd_args a)
+{
+    constexpr int NW = 8, NT = 256;
+    constexpr int P = D + FC_PAD, PS = BN + FC_PAD;
+    constexpr int MS = BM / WMS, NS = BN / (NW / WMS);  /* S tile of a warp */
+    constexpr int KW = BN / WKV, DV = D / (NW / WKV);   /* dK / dV tile of a warp */
+    constexpr int MQ = BM / WMQ, DQ = D / (NW / WMQ);   /* dQ tile of a warp */
+    constexpr int SMT = MS / 16, SNT = NS / 8, KMT = KW / 16, VNT = DV / 8, QMT = MQ / 16, QNT = DQ / 8;
+    static_assert(MS % 16 == 0 && NS % 16 == 0 && KW % 16 == 0 && DV % 16 == 0 && MQ % 16 == 0 &&
+                      DQ % 16 == 0, "warp tiles must be multiples of 16");
+
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sK = (uint16_t *)smem_raw;
+    uint16_t *sV = sK + BN * P;
+    uint16_t *sQ = sV + BN * P;             /* [2][BM][P] */
+    uint16_t *sdO = sQ + 2 * BM * P;        /* [2][BM][P] */
+    uint16_t *sP = sdO + 2 * BM * P;        /* [BM][PS] */
+    uint16_t *sdS = sP + BM * PS;           /* [BM][PS] */
+    float *sLse = (float *)(sdS + BM * PS); /* [2][BM] */
+    float *sDelta = sLse + 2 * BM;          /* [2][BM] */
+#if FC_HAVE_BULK
+    constexpr int QP = D + 4;               /* pitch of the fp32 dQ tile (bank-conflict free) */
+    float *sdQ = sDelta + 2 * BM;           /* [BM][QP], only when a.dq_bulk */
+    float *dq_pending = NULL;               /* where the dQ tile in sdQ is still to be added */
+#endif
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = n_block * BN;
+    const int keys_valid = a.seqlen_k - n0;
+
+    const int m0s = (warp % WMS) * MS, n0s = (warp / WMS) * NS;
+    const int k0v = (warp % WKV) * KW, d0v = (warp / WKV) * DV;
+    const int m0q = (warp % WMQ) * MQ, d0q = (warp / WMQ) * DQ;
+
+    const uint16_t *k = a.k + b * a.k_sb + hk * a.k_sh + (int64_t)n0 * a.k_ss;
+    const uint16_t *v = a.v + b * a.v_sb + hk * a.v_sh + (int64_t)n0 * a.v_ss;
+
+    const int m_begin = a.causal ? max(0, n0 - a.causal_offset) : 0;
+    const int m_block_begin = m_begin / BM;
+    const int n_m = m_begin < a.seqlen_q ? (a.seqlen_q + BM - 1) / BM - m_block_begin : 0;
+    const int iters = n_m * a.group;
+
+    load_tile_async<BN, D, NT>(sK, k, a.k_ss, keys_valid, a.head_dim, tid);
+    load_tile_async<BN, D, NT>(sV, v, a.v_ss, keys_valid, a.head_dim, tid);
+    if (iters > 0)
+        bwd_prefetch<D, BM, NT>(a, b, hk, 0, n_m, m_block_begin, sQ, sdO, sLse, sDelta, tid);
+    cp_async_commit();
+
+    float acc_dv[KMT][VNT][4], acc_dk[KMT][VNT][4];
+#pragma unroll
+    for (int mt = 0; mt < KMT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < VNT; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc_dv[mt][nt][r] = acc_dk[mt][nt][r] = 0.f;
+
+    for (int it = 0; it < iters; it++) {
+        const int st = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < iters) {
+            bwd_prefetch<D, BM, NT>(a, b, hk, it + 1, n_m, m_block_begin, sQ + (st ^ 1) * BM * P,
+                                    sdO + (st ^ 1) * BM * P, sLse + (st ^ 1) * BM,
+                                    sDelta + (st ^ 1) * BM, tid);
+            cp_async_commit();
+        }
+#if FC_HAVE_BULK
+        /* The previous step's dQ tile is complete in sdQ (the barrier above): one warp hands it
+         * to the copy engine, a row per bulk reduction, and waits for the reads before the
+         * barrier below, after which sdQ is written again. */
+        if (dq_pending && warp == 0) {
+            for (int r = lane; r < BM; r += 32)
+                bulk_reduce_add_f32(dq_pending + (int64_t)r * a.dq_pitch, smem_addr(sdQ + r * QP), D * 4);
+            bulk_commit();
+        }
+#endif
+
+        const int h = hk * a.group + it / n_m;
+        const int m0 = (m_block_begin + it % n_m) * BM;
+        const uint16_t *sQs = sQ + st * BM * P, *sdOs = sdO + st * BM * P;
+        const float *sLs = sLse + st * BM, *sDs = sDelta + st * BM;
+
+        /* S = Q K^T on this warp's MS x NS tile */
+        float s[SMT][SNT][4];
+#pragma unroll
+        for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) s[mt][nt][r] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[SMT][4];
+#pragma unroll
+            for (int mt = 0; mt < SMT; mt++)
+                ldmatrix_x4(qa[mt], smem_addr(sQs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, smem_addr(sK + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
+                                          ((lane >> 3) & 1) * 8));
+#pragma unroll
+                for (int mt = 0; mt < SMT; mt++) {
+                    mma_16816<BF16>(s[mt][2 * nt2], qa[mt], kb[0], kb[1]);
+                    mma_16816<BF16>(s[mt][2 * nt2 + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
+
+        /* P = exp2(S * scale log2 e - lse2[query]), masked; to shared memory as 16 bits */
+        const bool need_mask = n0 + BN > a.seqlen_k || (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
+#pragma unroll
+        for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = m0s + mt * 16 + g + 8 * hr;
+                const float l2 = sLs[row];
+                int key_end = a.seqlen_k - n0; /* keys of this block the row sees: col < key_end */
+                if (a.causal) key_end = min(key_end, m0 + row + a.causal_offset + 1 - n0);
+#pragma unroll
+                for (int nt = 0; nt < SNT; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float p = fast_exp2(s[mt][nt][2 * hr + e] * a.scale_log2 - l2);
+                        if (need_mask && n0s + nt * 8 + 2 * t + e >= key_end) p = 0.f;
+                        s[mt][nt][2 * hr + e] = p;
+                    }
+                    *(uint32_t *)(sP + row * PS + n0s + nt * 8 + 2 * t) =
+                        pack2<BF16>(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]);
+                }
+            }
+
+        /* dP = dO V^T on the same tile; dS = P * (dP - delta[query]) to shared memory */
+        {
+            float dp[SMT][SNT][4];
+#pragma unroll
+            for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) dp[mt][nt][r] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t oa[SMT][4];
+#pragma unroll
+                for (int mt = 0; mt < SMT; mt++)
+                    ldmatrix_x4(oa[mt], smem_addr(sdOs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
+                    uint32_t vb[4];
+                    ldmatrix_x4(vb, smem_addr(sV + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
+                                              ((lane >> 3) & 1) * 8));
+#pragma unroll
+                    for (int mt = 0; mt < SMT; mt++) {
+                        mma_16816<BF16>(dp[mt][2 * nt2], oa[mt], vb[0], vb[1]);
+                        mma_16816<BF16>(dp[mt][2 * nt2 + 1], oa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int row = m0s + mt * 16 + g + 8 * hr;
+                    const float d = sDs[row];
+#pragma unroll
+                    for (int nt = 0; nt < SNT; nt++)
+                        *(uint32_t *)(sdS + row * PS + n0s + nt * 8 + 2 * t) =
+                            pack2<BF16>(s[mt][nt][2 * hr] * (dp[mt][nt][2 * hr] - d),
+                                        s[mt][nt][2 * hr + 1] * (dp[mt][nt][2 * hr + 1] - d));
+                }
+        }
+#if FC_HAVE_BULK
+        if (dq_pending && warp == 0) bulk_wait_read();
+#endif
+        __syncthreads(); /* P and dS of the whole block are in (and sdQ is free again) */
+
+        /* dV += P^T dO */
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; kc++) {
+            uint32_t pa[KMT][4];
+#pragma unroll
+            for (int mt = 0; mt < KMT; mt++)
+                ldmatrix_x4_trans(pa[mt], smem_addr(sP + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS + k0v +
+                                                    mt * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+            for (int dt2 = 0; dt2 < VNT / 2; dt2++) {
+                uint32_t ob[4];
+                ldmatrix_x4_trans(ob, smem_addr(sdOs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0v +
+                                                dt2 * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int mt = 0; mt < KMT; mt++) {
+                    mma_16816<BF16>(acc_dv[mt][2 * dt2], pa[mt], ob[0], ob[1]);
+                    mma_16816<BF16>(acc_dv[mt][2 * dt2 + 1], pa[mt], ob[2], ob[3]);
+                }
+            }
+        }
+
+        /* dQ = dS K, added into dq_accum (issued before dK so the reductions drain under it) */
+        if (a.compute_dq) {
+            float dq[QMT][QNT][4];
+#pragma unroll
+            for (int mt = 0; mt < QMT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < QNT; nt++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) dq[mt][nt][r] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) {
+                uint32_t da[QMT][4];
+#pragma unroll
+                for (int mt = 0; mt < QMT; mt++)
+                    ldmatrix_x4(da[mt], smem_addr(sdS + (m0q + mt * 16 + (lane & 15)) * PS + kc * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int dt2 = 0; dt2 < QNT / 2; dt2++) {
+                    uint32_t kb[4];
+                    ldmatrix_x4_trans(kb, smem_addr(sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0q +
+                                                    dt2 * 16 + (lane >> 4) * 8));
+#pragma unroll
+                    for (int mt = 0; mt < QMT; mt++) {
+                        mma_16816<BF16>(dq[mt][2 * dt2], da[mt], kb[0], kb[1]);
+                        mma_16816<BF16>(dq[mt][2 * dt2 + 1], da[mt], kb[2], kb[3]);
+                    }
+                }
+            }
+            float *dq_row0 = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0) * a.dq_pitch;
+#if FC_HAVE_BULK
+            if (a.dq_bulk) {
+#pragma unroll
+                for (int mt = 0; mt < QMT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < QNT; nt++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++)
+                            *(float2 *)(sdQ + (m0q + mt * 16 + g + 8 * hr) * QP + d0q + nt * 8 + 2 * t) =
+                                make_float2(dq[mt][nt][2 * hr], dq[mt][nt][2 * hr + 1]);
+                fence_proxy_async_shared();
+                dq_pending = dq_row0;
+            } else
+#endif
+            {
+                float *dqa = dq_row0 + (int64_t)m0q * a.dq_pitch + d0q;
+#pragma unroll
+                for (int mt = 0; mt < QMT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < QNT; nt++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++)
+                            atomic_add2(dqa + (mt * 16 + g + 8 * hr) * a.dq_pitch + nt * 8 + 2 * t,
+                                        dq[mt][nt][2 * hr], dq[mt][nt][2 * hr + 1]);
+            }
+        }
+
+        /* dK += dS^T Q */
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; kc++) {
+            uint32_t dsa[KMT][4];
+#pragma unroll
+            for (int mt = 0; mt < KMT; mt++)
+                ldmatrix_x4_trans(dsa[mt], smem_addr(sdS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS + k0v +
+                                                     mt * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+            for (int dt2 = 0; dt2 < VNT / 2; dt2++) {
+                uint32_t qb[4];
+                ldmatrix_x4_trans(qb, smem_addr(sQs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0v +
+                                                dt2 * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int mt = 0; mt < KMT; mt++) {
+                    mma_16816<BF16>(acc_dk[mt][2 * dt2], dsa[mt], qb[0], qb[1]);
+                    mma_16816<BF16>(acc_dk[mt][2 * dt2 + 1], dsa[mt], qb[2], qb[3]);
+                }
+            }
+        }
+    }
+
+    /* Epilogue as above: dV and dK * scale through sV, sK for 16-byte stores. */
+    cp_async_wait<0>();
+    __syncthreads();
+#if FC_HAVE_BULK
+    if (dq_pending && warp == 0) { /* the last step's dQ tile */
+        for (int r = lane; r < BM; r += 32)
+            bulk_reduce_add_f32(dq_pending + (int64_t)r * a.dq_pitch, smem_addr(sdQ + r * QP), D * 4);
+        bulk_commit();
+        bulk_wait();
+    }
+#endif
+#pragma unroll
+    for (int mt = 0; mt < KMT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < VNT; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = k0v + mt * 16 + g + 8 * hr, c = d0v + nt * 8 + 2 * t;
+                *(uint32_t *)(sV + r * P + c) = pack2<BF16>(acc_dv[mt][nt][2 * hr], acc_dv[mt][nt][2 * hr + 1]);
+                *(uint32_t *)(sK + r * P + c) =
+                    pack2<BF16>(acc_dk[mt][nt][2 * hr] * a.scale, acc_dk[mt][nt][2 * hr + 1] * a.scale);
+            }
+    __syncthreads();
+    store_tile<BN, D, NT>(a.dv + b * a.dv_sb + hk * a.dv_sh + (int64_t)n0 * a.dv_ss, a.dv_ss, sV, keys_valid,
+                          a.head_dim, tid);
+    store_tile<BN, D, NT>(a.dk + b * a.dk_sb + hk * a.dk_sh + (int64_t)n0 * a.dk_ss, a.dk_ss, sK, keys_valid,
+                          a.head_dim, tid);
+}
+
 /* ---- deterministic dQ: a block of queries per CTA over the keys --------------------------- */
 
 template <int D, int BN, int NW, int BF16>
@@ -557,29 +897,10 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
 
 /* ---- configurations and the launcher ------------------------------------------------------ */
 
-/* D, BM (queries per step), warps (16 keys each) of the dK/dV kernel; whether it runs as two
- * passes (dV, then dK and dQ) to keep the accumulators in registers; and BN, warps of the
- * deterministic dQ kernel. */
-#ifndef FC_BWD_VARIANT
-#define FC_BWD_VARIANT 0
-#endif
-#if FC_BWD_VARIANT == 1 /* 4 warps (64 keys) per CTA: two CTAs per SM hide each other's barriers */
-#define FC_BWD_CONFIGS(X)          \
-    X(32, 64, 4, 0, 64, 4)         \
-    X(64, 64, 4, 0, 64, 4)         \
-    X(96, 32, 4, 0, 64, 4)         \
-    X(128, 32, 4, 0, 64, 4)        \
-    X(192, 32, 8, 1, 64, 4)        \
-    X(256, 32, 8, 1, 32, 4)
-#elif FC_BWD_VARIANT == 2
-#define FC_BWD_CONFIGS(X)          \
-    X(32, 64, 8, 0, 64, 4)         \
-    X(64, 32, 8, 0, 64, 4)         \
-    X(96, 64, 8, 0, 64, 4)         \
-    X(128, 32, 8, 0, 64, 4)        \
-    X(192, 32, 8, 1, 64, 4)        \
-    X(256, 32, 8, 1, 32, 4)
-#else
+/* The first kernel (head dims 192 and 256, and the smaller ones on parts with too little
+ * shared memory for the tiled kernel): D, BM (queries per step), warps (16 keys each),
+ * whether it runs as two passes (dV, then dK and dQ), and BN, warps of the deterministic dQ
+ * kernel. */
 #define FC_BWD_CONFIGS(X)          \
     X(32, 64, 8, 0, 64, 4)         \
     X(64, 64, 8, 0, 64, 4)         \
@@ -587,7 +908,46 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     X(128, 64, 8, 0, 64, 4)        \
     X(192, 32, 8, 1, 64, 4)        \
     X(256, 32, 8, 1, 32, 4)
+
+/* Head dims up to 128 (the tiled kernel): D, BM, BN, WMS, WKV, WMQ (the warp grids, see the
+ * kernel), and BN, warps of the deterministic dQ kernel. */
+#define FC_BWD_TILED_CONFIGS(X)             \
+    X(32, 128, 128, 2, 4, 4, 64, 4)         \
+    X(64, 128, 128, 2, 4, 4, 64, 4)         \
+    X(96, 64, 128, 2, 4, 4, 64, 4)          \
+    X(128, 64, 128, 2, 4, 2, 64, 4)
+
+static size_t tiled_smem(int D, int BM, int BN, int bulk)
+{
+    return (size_t)(2 * BN + 4 * BM) * (D + FC_PAD) * 2 + (size_t)2 * BM * (BN + FC_PAD) * 2 +
+           4 * BM * sizeof(float) + (bulk ? (size_t)BM * (D + 4) * sizeof(float) : 0);
+}
+
+/* Which dK/dV kernel serves a head dim up to 128 on this device: 1 the tiled kernel (dQ by
+ * vector atomics), 2 the same with dQ through bulk reductions (FC_DQ_BULK builds, sm_90), 0
+ * the first kernel (16 keys per warp), which needs less shared memory: parts whose limit is
+ * under the tiled kernel's 131-182 KB (A100 at d64 / d128, consumer parts) take it. */
+static int tiled_choice(int D, int BM, int BN, int deterministic, size_t smem_optin, int sm_major)
+{
+    static int variant = -1; /* FC_BWD_VARIANT (measurement builds): 2 = first kernel, 3 = no bulk dQ */
+#ifdef FC_BWD_MEASURE_VARIANTS
+    if (variant < 0) {
+        const char *e = getenv("FC_BWD_VARIANT");
+        variant = e ? atoi(e) : 0;
+    }
+#else
+    variant = 0;
 #endif
+    if (variant == 2) return 0;
+#ifdef FC_DQ_BULK
+    if (!deterministic && sm_major >= 9 && variant != 3 && tiled_smem(D, BM, BN, 1) <= smem_optin) return 2;
+#else
+    (void)deterministic;
+    (void)sm_major;
+#endif
+    if (tiled_smem(D, BM, BN, 0) <= smem_optin) return 1;
+    return 0;
+}
 
 static size_t dkdv_smem(int D, int BM, int NW)
 {
@@ -601,7 +961,7 @@ static size_t dq_smem(int D, int BN, int NW)
     return (size_t)(2 * 16 * NW + 4 * BN) * (D + FC_PAD) * 2;
 }
 
-size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic)
+static size_t fc_bwd_smem_bytes_first(int kernel_head_dim, int deterministic)
 {
 #define X(D_, BM_, NW_, SPLIT_, DQBN_, DQNW_)                                            \
     if (kernel_head_dim == D_) {                                                         \
@@ -613,10 +973,68 @@ size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic)
     return 0;
 }
 
+size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_optin, int sm_major)
+{
+    if (kernel_head_dim > 128) return fc_bwd_smem_bytes_first(kernel_head_dim, deterministic);
+#define X(D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_)                                   \
+    if (kernel_head_dim == D_) {                                                         \
+        const int c = tiled_choice(D_, BM_, BN_, deterministic, smem_optin, sm_major);   \
+        size_t s1 = c ? tiled_smem(D_, BM_, BN_, c == 2) : fc_bwd_smem_bytes_first(D_, deterministic); \
+        size_t s2 = dq_smem(D_, DQBN_, DQNW_);                                           \
+        return deterministic && s2 > s1 ? s2 : s1;                                       \
+    }
+    FC_BWD_TILED_CONFIGS(X)
+#undef X
+    return 0;
+}
+
 template <typename K>
 static cudaError_t set_smem(K kernel, size_t bytes)
 {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+template <int BF16>
+static cudaError_t launch_bwd_prep(const fc_bwd_args &a, int batch, cudaStream_t stream)
+{
+    const int64_t prep_rows = (int64_t)batch * a.heads_q * a.nq_pad;
+    fc_bwd_prep_kernel<BF16><<<(unsigned)((prep_rows + 7) / 8), 256, 0, stream>>>(a, batch);
+    return cudaGetLastError();
+}
+
+/* After the dK/dV kernel: the deterministic dQ kernel, or the dq_accum conversion. */
+template <int D, int DQBN, int DQNW, int BF16>
+static cudaError_t launch_bwd_dq(const fc_bwd_args &a, int batch, int deterministic, cudaStream_t stream)
+{
+    cudaError_t err;
+    if (deterministic) {
+        const size_t s2 = dq_smem(D, DQBN, DQNW);
+        if ((err = set_smem(fc_bwd_dq_kernel<D, DQBN, DQNW, BF16>, s2)) != cudaSuccess) return err;
+        dim3 g2((a.seqlen_q + 16 * DQNW - 1) / (16 * DQNW), (unsigned)a.heads_q, (unsigned)batch);
+        fc_bwd_dq_kernel<D, DQBN, DQNW, BF16><<<g2, DQNW * 32, s2, stream>>>(a);
+    } else {
+        const int64_t n = (int64_t)batch * a.heads_q * a.seqlen_q * ((a.head_dim + 7) / 8);
+        fc_bwd_dq_convert_kernel<BF16><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, batch);
+    }
+    return cudaGetLastError();
+}
+
+template <int D, int BM, int BN, int WMS, int WKV, int WMQ, int DQBN, int DQNW, int BF16>
+static cudaError_t launch_bwd_tiled(const fc_bwd_args *a0, int batch, int deterministic, int bulk,
+                                    cudaStream_t stream)
+{
+    fc_bwd_args a = *a0;
+    cudaError_t err;
+    if ((err = launch_bwd_prep<BF16>(a, batch, stream)) != cudaSuccess) return err;
+    const size_t smem = tiled_smem(D, BM, BN, bulk);
+    a.dq_bulk = bulk;
+    dim3 grid((a.seqlen_k + BN - 1) / BN, (unsigned)a.heads_kv, (unsigned)batch);
+    a.compute_dq = !deterministic;
+    auto kernel = fc_bwd_tiled_kernel<D, BM, BN, WMS, WKV, WMQ, BF16>;
+    if ((err = set_smem(kernel, smem)) != cudaSuccess) return err;
+    kernel<<<grid, 256, smem, stream>>>(a);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    return launch_bwd_dq<D, DQBN, DQNW, BF16>(a, batch, deterministic, stream);
 }
 
 template <int D, int BM, int NW, int SPLIT, int DQBN, int DQNW, int BF16>
@@ -625,9 +1043,7 @@ static cudaError_t launch_bwd_cfg(const fc_bwd_args *a0, int batch, int determin
 {
     fc_bwd_args a = *a0;
     cudaError_t err;
-    const int64_t prep_rows = (int64_t)batch * a.heads_q * a.nq_pad;
-    fc_bwd_prep_kernel<BF16><<<(unsigned)((prep_rows + 7) / 8), 256, 0, stream>>>(a, batch);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = launch_bwd_prep<BF16>(a, batch, stream)) != cudaSuccess) return err;
 
     const size_t smem = dkdv_smem(D, BM, NW);
     dim3 grid((a.seqlen_k + 16 * NW - 1) / (16 * NW), (unsigned)a.heads_kv, (unsigned)batch);
@@ -643,22 +1059,21 @@ static cudaError_t launch_bwd_cfg(const fc_bwd_args *a0, int batch, int determin
         fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0><<<grid, NW * 32, smem, stream>>>(a);
     }
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-
-    if (deterministic) {
-        const size_t s2 = dq_smem(D, DQBN, DQNW);
-        if ((err = set_smem(fc_bwd_dq_kernel<D, DQBN, DQNW, BF16>, s2)) != cudaSuccess) return err;
-        dim3 g2((a.seqlen_q + 16 * DQNW - 1) / (16 * DQNW), (unsigned)a.heads_q, (unsigned)batch);
-        fc_bwd_dq_kernel<D, DQBN, DQNW, BF16><<<g2, DQNW * 32, s2, stream>>>(a);
-    } else {
-        const int64_t n = (int64_t)batch * a.heads_q * a.seqlen_q * ((a.head_dim + 7) / 8);
-        fc_bwd_dq_convert_kernel<BF16><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, batch);
-    }
-    return cudaGetLastError();
+    return launch_bwd_dq<D, DQBN, DQNW, BF16>(a, batch, deterministic, stream);
 }
 
 cudaError_t fc_launch_bwd(const fc_bwd_args *a, int kernel_head_dim, int bf16, int batch,
-                          int deterministic, cudaStream_t stream)
+                          int deterministic, size_t smem_optin, int sm_major, cudaStream_t stream)
 {
+#define X(D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_)                                                \
+    if (kernel_head_dim == D_) {                                                                       \
+        const int c = tiled_choice(D_, BM_, BN_, deterministic, smem_optin, sm_major);                 \
+        if (c)                                                                                         \
+            return bf16 ? launch_bwd_tiled<D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_, 1>(a, batch, deterministic, c == 2, stream) \
+                        : launch_bwd_tiled<D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_, 0>(a, batch, deterministic, c == 2, stream); \
+    }
+    FC_BWD_TILED_CONFIGS(X)
+#undef X
 #define X(D_, BM_, NW_, SPLIT_, DQBN_, DQNW_)                                                     \
     if (kernel_head_dim == D_)                                                                    \
         return bf16 ? launch_bwd_cfg<D_, BM_, NW_, SPLIT_, DQBN_, DQNW_, 1>(a, batch, deterministic, stream) \

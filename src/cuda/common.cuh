@@ -51,6 +51,7 @@ typedef struct fc_bwd_args {
     float scale, scale_log2;
     int causal, causal_offset;
     int compute_dq;  /* the dK/dV kernel also adds dS K into dq_accum with atomics */
+    int dq_bulk;     /* (sm_90) ... through shared memory and bulk reductions instead */
 } fc_bwd_args;
 
 #define FC_NQ_PAD_MULTIPLE 128
@@ -144,12 +145,12 @@ int fc_kernel_head_dim(int head_dim);
 
 /* Dynamic shared memory the forward / backward kernels need, for the device-limit check. */
 size_t fc_fwd_smem_bytes(int kernel_head_dim);
-size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic);
+size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_optin, int sm_major);
 
 /* Each returns the CUDA error of the launches (cudaSuccess when all were accepted). */
 cudaError_t fc_launch_fwd(const fc_fwd_args *a, int kernel_head_dim, int bf16, int batch,
                           cudaStream_t stream);
 cudaError_t fc_launch_bwd(const fc_bwd_args *a, int kernel_head_dim, int bf16, int batch,
-                          int deterministic, cudaStream_t stream);
+                          int deterministic, size_t smem_optin, int sm_major, cudaStream_t stream);
 
 #endif /* FLASHC_CUDA_COMMON_CUH */

@@ -192,7 +192,7 @@ static flashc_status check_problem(const cuda_state *s, const flashc_problem *pr
     if (pr->heads_q > 65535 || pr->batch > 65535)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "cuda: batch and heads must each be at most 65535 (grid limits)");
-    size_t need = backward ? fc_bwd_smem_bytes(*kernel_d, pr->deterministic)
+    size_t need = backward ? fc_bwd_smem_bytes(*kernel_d, pr->deterministic, s->smem_optin, s->sm_major)
                            : fc_fwd_smem_bytes(*kernel_d);
     if (need > s->smem_optin)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
@@ -377,7 +377,7 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
     }
     if (err == cudaSuccess) {
         err = fc_launch_bwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch, pr->deterministic != 0,
-                            stream);
+                            s->smem_optin, s->sm_major, stream);
         what = "backward kernel launch";
     }
     if (owned) {

@@ -71,6 +71,43 @@ FC_DEVICE void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr)
                  : "r"(addr));
 }
 
+/* ---- bulk asynchronous reduction (sm_90) ------------------------------------------------- */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* dst[0 .. bytes/4) += src[...] in fp32, from shared to global memory by the copy engine; the
+ * source must be written before (and fenced with fence_proxy_async_shared), both addresses and
+ * bytes multiples of 16. Completes as a bulk group (bulk_commit, bulk_wait_read / bulk_wait). */
+FC_DEVICE void bulk_reduce_add_f32(float *dst, uint32_t src, int bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+
+FC_DEVICE void bulk_commit(void)
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/* Waits until the bulk groups of this thread have finished reading their shared source. */
+FC_DEVICE void bulk_wait_read(void)
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Waits until the bulk groups of this thread are complete. */
+FC_DEVICE void bulk_wait(void)
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+/* Orders this thread's ordinary shared-memory writes before later reads by the copy engine. */
+FC_DEVICE void fence_proxy_async_shared(void)
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
+
 /* ---- mma.sync ---------------------------------------------------------------------------- */
 
 /* c += a * b for one 16x8x16 tile; BF16 picks the input type at compile time. */
