@@ -141,32 +141,95 @@ typedef enum flashc_causal {
     FLASHC_CAUSAL_TOP_LEFT = 2
 } flashc_causal;
 
+/*
+ * The mask and the score, in full. For one sequence of Nq queries and Nk keys (the whole
+ * tensor for a fixed-length batch, one segment of it for a variable-length one), query i
+ * and key j are compared through the diagonal offset
+ *
+ *     off = 0            when causal == FLASHC_CAUSAL_TOP_LEFT
+ *     off = Nk - Nq      otherwise (bottom-right alignment, FlashAttention's convention)
+ *
+ * and query i sees key j (0 <= j < Nk) when every rule that is on holds:
+ *
+ *     causal (either mode)      j <= i + off
+ *     window_left  >= 0         j >= i + off - window_left
+ *     window_right >= 0         j <= i + off + window_right
+ *
+ * so window_left = window_right = -1 is no window, causal is the window (-1, 0), and causal
+ * with a window keeps the intersection (FlashAttention's local attention). A window of
+ * (w, 0) is "the query and the w keys before it". A query that sees no key gets O = 0 and
+ * LSE = -inf.
+ *
+ * The logit of a visible pair, in this order:
+ *
+ *     x = softmax_scale * q_i . k_j
+ *     x = softcap * tanh(x / softcap)                  if softcap > 0 (scale applied before)
+ *     x = x - slope * |i + off - j|                    if alibi_slopes (FlashAttention's ALiBi)
+ *
+ * LSE is log(sum_j exp(x_ij)) over the visible keys; P = exp(x - LSE). With dropout_p > 0,
+ * O = sum_j P_ij * D_ij * v_j with D_ij = 1/(1 - dropout_p) for a kept entry and 0 for a
+ * dropped one (flashc_dropout_keep below); LSE stays that of the un-dropped softmax, and the
+ * backward regenerates D from the same seed rather than storing it.
+ *
+ * Variable-length batches: cu_seqlens_q and cu_seqlens_k (int32, num_seqs + 1 entries,
+ * host memory for the host backends) are prefix sums of the sequence lengths over packed
+ * tensors: q is [1, total_q, heads_q, head_dim] with sequence b in rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b+1]), k and v [1, total_k, heads_kv, head_dim] likewise,
+ * and lse [1, heads_q, total_q]. The offsets must start at 0, never decrease and end at the
+ * tensor's total (q.shape[1], k.shape[1]); sequences of length 0 are allowed (the tensors
+ * must still hold at least one row in all). Every rule above, the causal alignment
+ * included, applies per sequence, with i and j counted from the start of the sequence;
+ * the b of ALiBi's per-batch slopes and of the dropout counter is the sequence index.
+ */
+
 /* Options of one call. Always start from flashc_params_init(), which sets struct_size and
  * the defaults, then set the fields you need: a caller compiled against an older, shorter
  * struct keeps working, since flashc reads only the first struct_size bytes.
- * Fields marked "reserved" must stay at their defaults in this version: a backend that does
- * not implement a feature returns FLASHC_ERROR_UNSUPPORTED rather than ignoring it. */
+ * A backend that does not implement a feature that is asked for returns
+ * FLASHC_ERROR_UNSUPPORTED rather than ignoring it. */
 typedef struct flashc_params {
     size_t struct_size;          /* sizeof(flashc_params) of the caller; set by flashc_params_init */
     float softmax_scale;         /* 0: 1/sqrt(head_dim). Must be finite. */
     int32_t causal;              /* a flashc_causal */
-    int32_t window_left;         /* reserved: sliding window, keys before the query; -1 = unbounded */
-    int32_t window_right;        /* reserved: keys after the query; -1 = unbounded */
-    float softcap;               /* reserved: logit softcap, 0 = off */
-    const float *alibi_slopes;   /* reserved: ALiBi slopes per head, NULL = off */
-    const int32_t *cu_seqlens_q; /* reserved: varlen prefix sums, NULL = fixed length */
-    const int32_t *cu_seqlens_k; /* reserved */
-    int32_t max_seqlen_q;        /* reserved */
-    int32_t max_seqlen_k;        /* reserved */
-    float dropout_p;             /* reserved: dropout probability on P, 0 = off */
-    uint64_t dropout_seed;       /* reserved */
-    uint64_t dropout_offset;     /* reserved */
+    int32_t window_left;         /* sliding window: keys before the diagonal; -1 = unbounded */
+    int32_t window_right;        /* keys after the diagonal; -1 = unbounded */
+    float softcap;               /* logit softcap, 0 = off; finite and >= 0 */
+    const float *alibi_slopes;   /* ALiBi slopes, NULL = off: [heads_q], or per sequence (see
+                                    alibi_slopes_batch_stride); finite */
+    const int32_t *cu_seqlens_q; /* varlen: num_seqs + 1 prefix sums of query lengths, NULL =
+                                    fixed length; set both or neither */
+    const int32_t *cu_seqlens_k; /* varlen: num_seqs + 1 prefix sums of key lengths */
+    int32_t max_seqlen_q;        /* varlen: longest query sequence, or 0 to let flashc find it;
+                                    a value below the longest is an error */
+    int32_t max_seqlen_k;        /* varlen: longest key sequence, or 0 */
+    float dropout_p;             /* dropout probability on P, in [0, 1); 0 = off */
+    uint64_t dropout_seed;       /* the Philox key (flashc_dropout_keep) */
+    uint64_t dropout_offset;     /* added to the Philox counter's high word: a call uses the
+                                    words [offset, offset + batch * heads_q) */
     int32_t deterministic;       /* nonzero: bitwise identical results run to run (backward) */
     void *stream;                /* CUDA backend: the cudaStream_t to run on; NULL = legacy default */
     void *workspace;             /* backward scratch of workspace_size bytes, or NULL to let
                                     flashc allocate (see flashc_backward_workspace_size) */
     size_t workspace_size;
+    /* ---- fields added in 0.2 (after workspace_size, so older callers keep their layout) ---- */
+    int32_t num_seqs;            /* varlen: number of sequences (>= 1); 0 with no cu_seqlens */
+    int64_t alibi_slopes_batch_stride; /* 0: one [heads_q] set of slopes for every sequence;
+                                    s > 0: slopes of sequence b at alibi_slopes[b * s + h]
+                                    ([batch, heads_q] with s = heads_q) */
 } flashc_params;
+
+/* Dropout mask, identical on every backend: entry (b, h, i, j) - sequence b, query head h,
+ * query row i and key column j counted within the sequence - is kept when
+ *
+ *     r = philox4x32_10(counter, key)[j % 4]  >=  threshold
+ *     key       = {(uint32)seed, (uint32)(seed >> 32)}
+ *     counter   = {j / 4, i, (uint32)w, (uint32)(w >> 32)},  w = offset + b * heads_q + h
+ *     threshold = (uint32)floor(dropout_p * 2^32)      (dropout_p as float, exact in double)
+ *
+ * Philox4x32-10 is Salmon et al.'s (Random123) generator; src/philox.h implements it for C
+ * and CUDA. */
+FLASHC_API int flashc_dropout_keep(uint64_t seed, uint64_t offset, float dropout_p,
+                                   int64_t heads_q, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* Fills p with the defaults: scale 0 (1/sqrt(d)), not causal, no window, no extras. */
 FLASHC_API void flashc_params_init(flashc_params *p);

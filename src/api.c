@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "api_internal.h"
+#include "philox.h"
 
 const char *flashc_version(void)
 {
@@ -274,29 +275,43 @@ static flashc_status check_params(const flashc_params *user, flashc_params *p)
                             (int)p->causal);
     if (p->window_left < -1 || p->window_right < -1)
         return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "params.window_left/window_right must be >= -1 (-1 = unbounded)");
-    if (p->window_left != -1 || p->window_right != -1)
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                            "params.window_left/window_right: sliding windows are not "
-                            "implemented in this version");
+                            "params.window_left/window_right is %d/%d: each must be >= -1 "
+                            "(-1 = unbounded)",
+                            (int)p->window_left, (int)p->window_right);
     if (!(p->softcap >= 0.0f) || isinf(p->softcap))
         return flashc_error(FLASHC_ERROR_INVALID_PARAM,
                             "params.softcap must be a finite value >= 0 (0 = off)");
-    if (p->softcap != 0.0f)
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                            "params.softcap: logit softcap is not implemented in this version");
-    if (p->alibi_slopes)
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                            "params.alibi_slopes: ALiBi is not implemented in this version");
-    if (p->cu_seqlens_q || p->cu_seqlens_k || p->max_seqlen_q || p->max_seqlen_k)
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                            "params.cu_seqlens_q/k, max_seqlen_q/k: variable-length batches "
-                            "are not implemented in this version");
+    if (p->alibi_slopes_batch_stride < 0)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.alibi_slopes_batch_stride is %lld: use 0 (slopes shared by "
+                            "the batch) or a positive stride",
+                            (long long)p->alibi_slopes_batch_stride);
+    if (p->alibi_slopes_batch_stride > 0 && !p->alibi_slopes)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "params.alibi_slopes is NULL but params.alibi_slopes_batch_stride "
+                            "is set");
+    if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "params.%s is NULL but params.%s is set: a variable-length batch "
+                            "needs both",
+                            p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
+                            p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->max_seqlen_q < 0 || p->max_seqlen_k < 0)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.max_seqlen_q/max_seqlen_k is %d/%d: must be >= 0",
+                            (int)p->max_seqlen_q, (int)p->max_seqlen_k);
+    if (!p->cu_seqlens_q && (p->num_seqs || p->max_seqlen_q || p->max_seqlen_k))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.num_seqs, max_seqlen_q and max_seqlen_k describe a "
+                            "variable-length batch: set cu_seqlens_q/cu_seqlens_k too, or "
+                            "leave them 0");
+    if (p->cu_seqlens_q && p->num_seqs < 1)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.num_seqs is %d: a variable-length batch needs the number "
+                            "of sequences (cu_seqlens_q/k hold num_seqs + 1 offsets)",
+                            (int)p->num_seqs);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
         return flashc_error(FLASHC_ERROR_INVALID_PARAM, "params.dropout_p must be in [0, 1)");
-    if (p->dropout_p != 0.0f)
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                            "params.dropout_p: dropout is not implemented in this version");
     if (p->workspace_size > 0 && !p->workspace)
         return flashc_error(FLASHC_ERROR_NULL_POINTER,
                             "params.workspace is NULL but params.workspace_size is %zu",
@@ -323,6 +338,150 @@ static void fill_problem(flashc_problem *pr, const flashc_params *p, const flash
     pr->stream = p->stream;
     pr->workspace = p->workspace;
     pr->workspace_size = p->workspace_size;
+}
+
+/* Name of the params field that asks for a feature, for messages. */
+static const char *feature_field(uint32_t bit)
+{
+    switch (bit) {
+    case FLASHC_FEATURE_WINDOW: return "params.window_left/window_right (sliding window)";
+    case FLASHC_FEATURE_SOFTCAP: return "params.softcap (logit softcap)";
+    case FLASHC_FEATURE_ALIBI: return "params.alibi_slopes (ALiBi)";
+    case FLASHC_FEATURE_VARLEN: return "params.cu_seqlens_q/cu_seqlens_k (variable-length batch)";
+    case FLASHC_FEATURE_DROPOUT: return "params.dropout_p (dropout)";
+    default: return "params";
+    }
+}
+
+/* The prefix sums of one side of a varlen batch: first 0, never decreasing, last == total.
+ * Returns the longest sequence in *longest. */
+static flashc_status check_cu_seqlens(const int32_t *cu, const char *name, int64_t n,
+                                      int64_t total, const char *total_name, int32_t max_given,
+                                      const char *max_name, int64_t *longest)
+{
+    if ((uintptr_t)cu % sizeof(int32_t) != 0)
+        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                            "params.%s: pointer %p is not aligned to int32", name,
+                            (const void *)cu);
+    if (cu[0] != 0)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.%s[0] is %d: the offsets must start at 0", name, (int)cu[0]);
+    int64_t mx = 0;
+    for (int64_t b = 0; b < n; b++) {
+        if (cu[b + 1] < cu[b])
+            return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                                "params.%s[%lld] is %d, below %s[%lld] = %d: the offsets must "
+                                "not decrease",
+                                name, (long long)(b + 1), (int)cu[b + 1], name, (long long)b,
+                                (int)cu[b]);
+        if (cu[b + 1] > total)
+            return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                                "params.%s[%lld] is %d, past the %lld rows of %s", name,
+                                (long long)(b + 1), (int)cu[b + 1], (long long)total,
+                                total_name);
+        int64_t len = (int64_t)cu[b + 1] - cu[b];
+        mx = len > mx ? len : mx;
+    }
+    if (cu[n] != total)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.%s[num_seqs] is %d but %s holds %lld rows: the last offset "
+                            "must be the total",
+                            name, (int)cu[n], total_name, (long long)total);
+    if (max_given != 0 && max_given < mx)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.%s is %d but the longest sequence of %s has %lld rows",
+                            max_name, (int)max_given, name, (long long)mx);
+    *longest = mx;
+    return FLASHC_OK;
+}
+
+/* The features a call asks for, checked against the backend and against the tensors, and
+ * recorded in the problem. The offsets and slopes are read here only for backends whose
+ * memory is the host's; a device backend that implements them validates its own copy. */
+static flashc_status resolve_features(const flashc_backend *backend, const flashc_params *p,
+                                      const flashc_tensor *q, const flashc_tensor *k,
+                                      flashc_problem *pr)
+{
+    uint32_t f = 0;
+    if (p->window_left >= 0 || p->window_right >= 0)
+        f |= FLASHC_FEATURE_WINDOW;
+    if (p->softcap > 0.0f)
+        f |= FLASHC_FEATURE_SOFTCAP;
+    if (p->alibi_slopes)
+        f |= FLASHC_FEATURE_ALIBI;
+    if (p->cu_seqlens_q)
+        f |= FLASHC_FEATURE_VARLEN;
+    if (p->dropout_p > 0.0f)
+        f |= FLASHC_FEATURE_DROPOUT;
+    uint32_t missing = f & ~backend->ops->features;
+    if (missing) {
+        uint32_t bit = missing & (~missing + 1u);
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "%s: not implemented by the '%s' backend",
+                            feature_field(bit), backend->ops->name);
+    }
+    pr->features = f;
+    pr->window_left = p->window_left;
+    pr->window_right = p->window_right;
+    pr->softcap = p->softcap;
+    pr->max_seqlen_q = pr->seqlen_q;
+    pr->max_seqlen_k = pr->seqlen_k;
+    const int host = !backend->ops->uses_device_memory;
+    if (f & FLASHC_FEATURE_VARLEN) {
+        if (q->shape[0] != 1)
+            return flashc_error(FLASHC_ERROR_SHAPE_MISMATCH,
+                                "q: shape[0] (batch) is %lld; a variable-length batch is packed "
+                                "along seqlen, with batch 1 (params.cu_seqlens_q)",
+                                (long long)q->shape[0]);
+        pr->num_seqs = p->num_seqs;
+        pr->cu_seqlens_q = p->cu_seqlens_q;
+        pr->cu_seqlens_k = p->cu_seqlens_k;
+        if (host) {
+            TRY(check_cu_seqlens(p->cu_seqlens_q, "cu_seqlens_q", p->num_seqs, q->shape[1],
+                                 "q", p->max_seqlen_q, "max_seqlen_q", &pr->max_seqlen_q));
+            TRY(check_cu_seqlens(p->cu_seqlens_k, "cu_seqlens_k", p->num_seqs, k->shape[1],
+                                 "k", p->max_seqlen_k, "max_seqlen_k", &pr->max_seqlen_k));
+        } else {
+            pr->max_seqlen_q = p->max_seqlen_q ? p->max_seqlen_q : pr->seqlen_q;
+            pr->max_seqlen_k = p->max_seqlen_k ? p->max_seqlen_k : pr->seqlen_k;
+        }
+    }
+    if (f & FLASHC_FEATURE_ALIBI) {
+        if ((uintptr_t)p->alibi_slopes % sizeof(float) != 0)
+            return flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                                "params.alibi_slopes: pointer %p is not aligned to float",
+                                (const void *)p->alibi_slopes);
+        pr->alibi_slopes = p->alibi_slopes;
+        pr->alibi_batch_stride = p->alibi_slopes_batch_stride;
+        if (host) {
+            int64_t rows = pr->alibi_batch_stride ? flashc_num_seqs(pr) : 1;
+            for (int64_t b = 0; b < rows; b++)
+                for (int64_t h = 0; h < pr->heads_q; h++) {
+                    int64_t at = b * pr->alibi_batch_stride + h;
+                    if (!isfinite(p->alibi_slopes[at]))
+                        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                                            "params.alibi_slopes[%lld] (sequence %lld, head "
+                                            "%lld) is not finite",
+                                            (long long)at, (long long)b, (long long)h);
+                }
+        }
+    }
+    if (f & FLASHC_FEATURE_DROPOUT) {
+        pr->dropout_p = p->dropout_p;
+        pr->dropout_threshold = flashc_dropout_threshold(p->dropout_p);
+        pr->dropout_seed = p->dropout_seed;
+        pr->dropout_offset = p->dropout_offset;
+    }
+    return FLASHC_OK;
+}
+
+int flashc_dropout_keep(uint64_t seed, uint64_t offset, float dropout_p, int64_t heads_q,
+                        int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    if (!(dropout_p > 0.0f))
+        return 1;
+    flashc_philox4 r = flashc_dropout_draws(seed, offset + (uint64_t)(b * heads_q + h),
+                                            (uint32_t)i, (uint32_t)(j >> 2));
+    return r.v[j & 3] >= flashc_dropout_threshold(dropout_p);
 }
 
 /* Validates the tensors shared by forward, backward and the workspace query: q and k. */
@@ -367,6 +526,7 @@ flashc_status flashc_forward(flashc_backend *backend, const flashc_params *param
 
     flashc_problem pr;
     fill_problem(&pr, &p, q, k, out->dtype);
+    TRY(resolve_features(backend, &p, q, k, &pr));
     return backend->ops->forward(backend->state, &pr, q, k, v, out, lse);
 }
 
@@ -406,6 +566,7 @@ flashc_status flashc_backward(flashc_backend *backend, const flashc_params *para
 
     flashc_problem pr;
     fill_problem(&pr, &p, q, k, dq->dtype);
+    TRY(resolve_features(backend, &p, q, k, &pr));
     if (pr.workspace) {
         size_t need = backend->ops->backward_workspace_size(backend->state, &pr);
         if (pr.workspace_size < need)
@@ -430,6 +591,7 @@ flashc_status flashc_backward_workspace_size(flashc_backend *backend,
     TRY(check_q_k_tensors(q, k, &sq, &sk));
     flashc_problem pr;
     fill_problem(&pr, &p, q, k, q->dtype);
+    TRY(resolve_features(backend, &p, q, k, &pr));
     *bytes = backend->ops->backward_workspace_size(backend->state, &pr);
     return FLASHC_OK;
 }

@@ -29,6 +29,23 @@ typedef struct flashc_problem {
     void *stream;
     void *workspace;
     size_t workspace_size;
+    /* ---- features (appended; all zero is the plain function, so a problem built with
+     * memset keeps meaning what it meant before they existed) ---- */
+    uint32_t features;           /* FLASHC_FEATURE_* bits this call uses */
+    int64_t window_left;         /* FEATURE_WINDOW: -1 = unbounded, else >= 0 */
+    int64_t window_right;
+    float softcap;               /* FEATURE_SOFTCAP: > 0 */
+    const float *alibi_slopes;   /* FEATURE_ALIBI: slope of (b, h) at [b * stride + h] */
+    int64_t alibi_batch_stride;
+    int64_t num_seqs;            /* FEATURE_VARLEN: sequences; batch is then 1 */
+    const int32_t *cu_seqlens_q; /* FEATURE_VARLEN: num_seqs + 1 validated prefix sums */
+    const int32_t *cu_seqlens_k;
+    int64_t max_seqlen_q;        /* longest sequence: seqlen_q/k when not varlen */
+    int64_t max_seqlen_k;
+    float dropout_p;             /* FEATURE_DROPOUT: in (0, 1) */
+    uint32_t dropout_threshold;  /* flashc_dropout_threshold(dropout_p) */
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
 } flashc_problem;
 
 /* Offset added to a query index to get the last key it sees under the causal rule:
@@ -81,6 +98,9 @@ typedef struct flashc_backend_ops {
     flashc_status (*merge)(void *state, const struct flashc_merge_problem *pr,
                            const flashc_tensor *outs, const flashc_tensor *lses,
                            flashc_tensor *out, flashc_tensor *lse);
+    /* FLASHC_FEATURE_* bits the backend implements (appended last, so that a positional
+     * initializer that predates it leaves 0: no features, every one rejected by api.c). */
+    uint32_t features;
 } flashc_backend_ops;
 
 extern const flashc_backend_ops flashc_reference_backend_ops;
@@ -117,6 +137,85 @@ typedef struct flashc_merge_problem {
 flashc_status flashc_host_merge(void *state, const flashc_merge_problem *pr,
                                 const flashc_tensor *outs, const flashc_tensor *lses,
                                 flashc_tensor *out, flashc_tensor *lse);
+
+/* ---- features beyond plain attention (flashc.h documents the function they compute) ---- */
+
+enum {
+    FLASHC_FEATURE_WINDOW = 1u << 0,  /* window_left / window_right */
+    FLASHC_FEATURE_SOFTCAP = 1u << 1, /* softcap */
+    FLASHC_FEATURE_ALIBI = 1u << 2,   /* alibi_slopes */
+    FLASHC_FEATURE_VARLEN = 1u << 3,  /* cu_seqlens_q / cu_seqlens_k */
+    FLASHC_FEATURE_DROPOUT = 1u << 4  /* dropout_p */
+};
+
+/* One sequence of a problem: its rows in the tensors and its lengths. For a fixed-length
+ * batch, sequence b is tensor batch b from row 0; for a varlen one, tensor batch 0 from the
+ * cu_seqlens offsets. */
+typedef struct flashc_seq {
+    int64_t batch;  /* index into the tensors' batch dimension */
+    int64_t q0, nq; /* first row and length in q / out / lse */
+    int64_t k0, nk; /* first row and length in k / v */
+} flashc_seq;
+
+static inline int64_t flashc_num_seqs(const flashc_problem *pr)
+{
+    return (pr->features & FLASHC_FEATURE_VARLEN) ? pr->num_seqs : pr->batch;
+}
+
+static inline flashc_seq flashc_seq_of(const flashc_problem *pr, int64_t b)
+{
+    flashc_seq s;
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        s.batch = 0;
+        s.q0 = pr->cu_seqlens_q[b];
+        s.nq = pr->cu_seqlens_q[b + 1] - s.q0;
+        s.k0 = pr->cu_seqlens_k[b];
+        s.nk = pr->cu_seqlens_k[b + 1] - s.k0;
+    } else {
+        s.batch = b;
+        s.q0 = s.k0 = 0;
+        s.nq = pr->seqlen_q;
+        s.nk = pr->seqlen_k;
+    }
+    return s;
+}
+
+/* The diagonal offset "off" of flashc.h: query i of the sequence is aligned with key i + off. */
+static inline int64_t flashc_seq_offset(const flashc_problem *pr, const flashc_seq *s)
+{
+    return pr->causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : s->nk - s->nq;
+}
+
+/* The keys query i of sequence s sees: [*lo, *hi), clamped to [0, nk]; empty when
+ * *lo >= *hi. Both ends grow with i, so a block of queries sees [lo(first), hi(last)). */
+static inline void flashc_seq_key_range(const flashc_problem *pr, const flashc_seq *s,
+                                        int64_t i, int64_t *lo, int64_t *hi)
+{
+    const int64_t diag = i + flashc_seq_offset(pr, s);
+    int64_t a = 0, e = s->nk;
+    if (pr->causal != FLASHC_CAUSAL_NONE && diag + 1 < e)
+        e = diag + 1;
+    if (pr->features & FLASHC_FEATURE_WINDOW) {
+        if (pr->window_right >= 0 && diag + pr->window_right + 1 < e)
+            e = diag + pr->window_right + 1;
+        if (pr->window_left >= 0 && diag - pr->window_left > a)
+            a = diag - pr->window_left;
+    }
+    if (e < 0)
+        e = 0;
+    if (a > s->nk)
+        a = s->nk;
+    *lo = a;
+    *hi = e;
+}
+
+/* ALiBi slope of sequence b, query head h (0 when ALiBi is off). */
+static inline float flashc_alibi_slope(const flashc_problem *pr, int64_t b, int64_t h)
+{
+    return (pr->features & FLASHC_FEATURE_ALIBI)
+               ? pr->alibi_slopes[b * pr->alibi_batch_stride + h]
+               : 0.0f;
+}
 
 #ifdef __cplusplus
 }

@@ -139,6 +139,8 @@ class Params(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_size", ctypes.c_size_t),
+        ("num_seqs", ctypes.c_int32),
+        ("alibi_slopes_batch_stride", ctypes.c_int64),
     ]
 
 

@@ -120,4 +120,6 @@ const flashc_backend_ops flashc_cpu_backend_ops = {
     .forward = flashc_cpu_forward,
     .backward = flashc_cpu_backward,
     .backward_workspace_size = flashc_cpu_backward_workspace_size,
+    .features = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
+                FLASHC_FEATURE_VARLEN | FLASHC_FEATURE_DROPOUT,
 };

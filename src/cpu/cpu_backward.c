@@ -32,37 +32,45 @@ typedef struct backward_job {
     const flashc_tensor *dout, *q, *k, *v, *out, *lse;
     flashc_tensor *dq, *dk, *dv;
     int dp;
-    float *delta; /* three passes: [batch, heads_q, seqlen_q] */
-    float *kt, *vt, *kr; /* packed, [batch * heads_kv][k_blocks][dp * BLOCK_N] */
+    float *delta; /* three passes: laid out like the LSE, [batch, heads_q, seqlen_q] */
+    float *kt, *vt, *kr; /* packed; per sequence b: [heads_kv][key blocks of b][dp * BLOCK_N] */
     cpu_scratch scratch;
-    int64_t q_blocks, k_blocks;
+    cpu_blocks qb, kb; /* query and key blocks of every sequence */
 } backward_job;
 
-static float *packed(const backward_job *job, float *base, int64_t bhk, int64_t kblock)
+static float *packed(const backward_job *job, float *base, int64_t b, int64_t hk,
+                     int64_t kblock)
 {
-    return base + ((size_t)bhk * (size_t)job->k_blocks + (size_t)kblock) * (size_t)job->dp *
-                      FLASHC_CPU_BLOCK_N;
+    return base + (size_t)(flashc_cpu_blocks_start(&job->kb, b) * job->pr->heads_kv +
+                           hk * flashc_cpu_blocks_count(&job->kb, b) + kblock) *
+                      (size_t)job->dp * FLASHC_CPU_BLOCK_N;
 }
 
 static void pack_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
-    const int64_t bhk = task / job->k_blocks, kblock = task % job->k_blocks;
-    const int64_t b = bhk / pr->heads_kv, hk = bhk % pr->heads_kv;
-    const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
-    const int n = flashc_cpu_block_len(pr->seqlen_k, j0, FLASHC_CPU_BLOCK_N);
-    flashc_cpu_pack_panel(packed(job, job->kt, bhk, kblock), job->dp, job->k, b, j0, n, hk);
-    flashc_cpu_pack_panel(packed(job, job->vt, bhk, kblock), job->dp, job->v, b, j0, n, hk);
-    flashc_cpu_pack_rows(packed(job, job->kr, bhk, kblock), job->dp, job->k, b, j0, n, hk, 1.0f);
+    const int64_t b = flashc_cpu_blocks_seq(&job->kb, task / pr->heads_kv);
+    const int64_t within = task - flashc_cpu_blocks_start(&job->kb, b) * pr->heads_kv;
+    const int64_t nkb = flashc_cpu_blocks_count(&job->kb, b);
+    const int64_t hk = within / nkb, kblock = within % nkb;
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N, s0 = sq.k0 + j0;
+    const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
+    flashc_cpu_pack_panel(packed(job, job->kt, b, hk, kblock), job->dp, job->k, sq.batch, s0, n,
+                          hk);
+    flashc_cpu_pack_panel(packed(job, job->vt, b, hk, kblock), job->dp, job->v, sq.batch, s0, n,
+                          hk);
+    flashc_cpu_pack_rows(packed(job, job->kr, b, hk, kblock), job->dp, job->k, sq.batch, s0, n,
+                         hk, 1.0f);
 }
 
-/* delta[r] = rowsum(dO * O) of m rows from i0, computed in float32 in dim order. */
-static void compute_delta(const backward_job *job, int64_t b, int64_t h, int64_t i0, int m,
+/* delta[r] = rowsum(dO * O) of m rows from row s0 of the tensors, in float32 in dim order. */
+static void compute_delta(const backward_job *job, int64_t tb, int64_t h, int64_t s0, int m,
                           float *obuf, const float *dobuf, float *delta)
 {
     const int dp = job->dp;
-    flashc_cpu_pack_rows(obuf, dp, job->out, b, i0, m, h, 1.0f);
+    flashc_cpu_pack_rows(obuf, dp, job->out, tb, s0, m, h, 1.0f);
     for (int r = 0; r < m; r++) {
         float acc = 0.0f;
         for (int d = 0; d < dp; d++)
@@ -71,59 +79,100 @@ static void compute_delta(const backward_job *job, int64_t b, int64_t h, int64_t
     }
 }
 
-static void load_lse(const backward_job *job, int64_t b, int64_t h, int64_t i0, int m,
+static void load_lse(const backward_job *job, int64_t tb, int64_t h, int64_t s0, int m,
                      float *lse)
 {
     for (int r = 0; r < m; r++)
-        lse[r] = *flashc_lse_ptr(job->lse, b, h, i0 + r);
+        lse[r] = *flashc_lse_ptr(job->lse, tb, h, s0 + r);
 }
 
-/* The products of one (query block, key block) pair, s and dpb being score scratch. dq may be
- * NULL (three-pass dK/dV pass) and dk/dv NULL (three-pass dQ pass). */
-static void block_pair(const backward_job *job, int64_t bhk, int64_t i0, int m, int64_t j0,
-                       const float *qb, const float *dob, const float *lse, const float *delta,
-                       int *ncols, float *s, float *dpb, float *dq, float *dk, float *dv)
+/* Scratch carve-up shared by both schedules (floats): Q, dO, O, dQ blocks, S, dP, the
+ * softcap derivative and dropout factors, and small rows; the one-pass schedule adds dK and
+ * dV of a whole sequence. */
+typedef struct bwd_scratch {
+    float *q, *dout, *o, *dq, *s, *dpb, *dcap, *drop, *lse, *delta, *dk, *dv;
+    int *ncols, *cbeg;
+} bwd_scratch;
+
+/* One (sequence, query head) that a query block belongs to. */
+typedef struct bwd_head {
+    int64_t b, h, hk;
+    flashc_seq sq;
+    cpu_score_mods md;
+} bwd_head;
+
+static bwd_head head_of(const backward_job *job, int64_t b, int64_t h)
+{
+    bwd_head hd;
+    hd.b = b;
+    hd.h = h;
+    hd.hk = h / (job->pr->heads_q / job->pr->heads_kv);
+    hd.sq = flashc_seq_of(job->pr, b);
+    hd.md = flashc_cpu_mods(job->pr, &hd.sq, b, h, job->pr->scale);
+    return hd;
+}
+
+/* The products of one (query block, key block) pair of a head, i0 and j0 counted in its
+ * sequence. dq may be NULL (three-pass dK/dV pass) and dk/dv NULL (three-pass dQ pass). */
+static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, int m,
+                       int64_t j0, const bwd_scratch *w, float *dq, float *dk, float *dv)
 {
     const flashc_problem *pr = job->pr;
     const flashc_cpu_kernels *kern = job->kern;
     const int dp = job->dp, d = (int)pr->head_dim;
     const int64_t kblock = j0 / FLASHC_CPU_BLOCK_N;
-    const int n = flashc_cpu_block_len(pr->seqlen_k, j0, FLASHC_CPU_BLOCK_N);
-    flashc_cpu_block_ncols(pr, ncols, i0, m, j0, n);
-    kern->gemm_panel(m, d, qb, dp, packed(job, job->kt, bhk, kblock), s);
-    kern->gemm_panel(m, d, dob, dp, packed(job, job->vt, bhk, kblock), dpb);
-    kern->p_ds(s, dpb, m, n, ncols, pr->scale, lse, delta);
+    const int n = flashc_cpu_block_len(hd->sq.nk, j0, FLASHC_CPU_BLOCK_N);
+    float *s = w->s, *dpb = w->dpb;
+    const int left = flashc_cpu_block_cols(pr, &hd->sq, w->cbeg, w->ncols, i0, m, j0, n);
+    kern->gemm_panel(m, d, w->q, dp, packed(job, job->kt, hd->b, hd->hk, kblock), s);
+    kern->gemm_panel(m, d, w->dout, dp, packed(job, job->vt, hd->b, hd->hk, kblock), dpb);
+    const int dropout = (pr->features & FLASHC_FEATURE_DROPOUT) != 0;
+    const int softcap = (pr->features & FLASHC_FEATURE_SOFTCAP) != 0;
+    if (dropout) { /* dP of the dropped P: dO V^T times the factors */
+        flashc_cpu_dropout_block(pr, hd->b, hd->h, i0, m, j0, n, w->drop);
+        flashc_cpu_mul_block(dpb, w->drop, m, n);
+    }
+    float sc = pr->scale;
+    if (flashc_cpu_has_mods(pr) || left) { /* feature blocks only */
+        flashc_cpu_apply_mods(&hd->md, s, m, n, i0, j0, w->cbeg, softcap ? w->dcap : NULL);
+        sc = 1.0f;
+    }
+    kern->p_ds(s, dpb, m, n, w->ncols, sc, w->lse, w->delta);
+    if (softcap) /* dS through tanh: d(cap tanh(x / cap)) / dx = 1 - tanh^2 */
+        flashc_cpu_mul_block(dpb, w->dcap, m, n);
+    if (dropout) /* dV takes the dropped P */
+        flashc_cpu_mul_block(s, w->drop, m, n);
     if (dv) {
-        kern->gemm_tn_acc(n, m, dp, s, dob, dv);
-        kern->gemm_tn_acc(n, m, dp, dpb, qb, dk);
+        kern->gemm_tn_acc(n, m, dp, s, w->dout, dv);
+        kern->gemm_tn_acc(n, m, dp, dpb, w->q, dk);
     }
     if (dq)
-        kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, bhk, kblock), dq);
+        kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, hd->b, hd->hk, kblock), dq);
 }
 
-/* First query block that has a query seeing key j0 (the causal rule inverted). */
-static int64_t first_query_block(const flashc_problem *pr, int64_t j0)
+/* First query block that may see key block j0 of sequence sq: where the right edge of the
+ * band (causal and window_right) reaches j0. */
+static int64_t first_query_block(const flashc_problem *pr, const flashc_seq *sq, int64_t j0)
 {
-    if (pr->causal == FLASHC_CAUSAL_NONE)
+    int64_t right = -1; /* -1: no right edge */
+    if (pr->causal != FLASHC_CAUSAL_NONE)
+        right = 0;
+    if ((pr->features & FLASHC_FEATURE_WINDOW) && pr->window_right >= 0 &&
+        (right < 0 || pr->window_right < right))
+        right = pr->window_right;
+    if (right < 0)
         return 0;
-    int64_t i = j0 - flashc_causal_offset(pr);
+    int64_t i = j0 - flashc_seq_offset(pr, sq) - right;
     if (i < 0)
         i = 0;
     return i / FLASHC_CPU_BLOCK_M;
 }
 
-/* Scratch carve-up shared by both schedules (floats): Q, dO, O, dQ blocks, S, dP, and small
- * rows; the one-pass schedule adds dK and dV of a whole head. */
-typedef struct bwd_scratch {
-    float *q, *dout, *o, *dq, *s, *dpb, *lse, *delta, *dk, *dv;
-    int *ncols;
-} bwd_scratch;
-
 static size_t bwd_scratch_floats(int dp, size_t dkdv_rows)
 {
     return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 4 +
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 2 +
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 3 + flashc_cpu_lines(dkdv_rows * dp) * 2;
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 4 +
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4 + flashc_cpu_lines(dkdv_rows * dp) * 2;
 }
 
 static bwd_scratch carve(const backward_job *job, int thread, size_t dkdv_rows)
@@ -138,10 +187,13 @@ static bwd_scratch carve(const backward_job *job, int thread, size_t dkdv_rows)
     w.dq = w.o + blk;
     w.s = w.dq + blk;
     w.dpb = w.s + sc;
-    w.lse = w.dpb + sc;
+    w.dcap = w.dpb + sc;
+    w.drop = w.dcap + sc;
+    w.lse = w.drop + sc;
     w.delta = w.lse + row;
     w.ncols = (int *)(w.delta + row);
-    w.dk = (float *)w.ncols + row;
+    w.cbeg = w.ncols + row;
+    w.dk = (float *)w.cbeg + row;
     w.dv = w.dk + flashc_cpu_lines(dkdv_rows * job->dp);
     return w;
 }
@@ -155,50 +207,76 @@ static void onepass_task(void *ctx, int64_t bhk, int thread)
     const int dp = job->dp;
     const int64_t b = bhk / pr->heads_kv, hk = bhk % pr->heads_kv;
     const int64_t group = pr->heads_q / pr->heads_kv;
-    const size_t rows = (size_t)job->k_blocks * FLASHC_CPU_BLOCK_N;
-    bwd_scratch w = carve(job, thread, rows);
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    const size_t rows = (size_t)flashc_cpu_blocks(sq.nk, FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_N;
+    const size_t max_rows =
+        (size_t)flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_N;
+    bwd_scratch w = carve(job, thread, max_rows);
     memset(w.dk, 0, rows * dp * sizeof(float));
     memset(w.dv, 0, rows * dp * sizeof(float));
 
-    for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        for (int64_t ib = 0; ib < job->q_blocks; ib++) {
-            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M;
-            const int m = flashc_cpu_block_len(pr->seqlen_q, i0, FLASHC_CPU_BLOCK_M);
-            flashc_cpu_pack_rows(w.q, dp, job->q, b, i0, m, h, 1.0f);
-            flashc_cpu_pack_rows(w.dout, dp, job->dout, b, i0, m, h, 1.0f);
-            compute_delta(job, b, h, i0, m, w.o, w.dout, w.delta);
-            load_lse(job, b, h, i0, m, w.lse);
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const bwd_head hd = head_of(job, b, h);
+        for (int64_t ib = 0; ib < flashc_cpu_blocks_count(&job->qb, b); ib++) {
+            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
+            const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+            flashc_cpu_pack_rows(w.q, dp, job->q, sq.batch, s0, m, h, 1.0f);
+            flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+            compute_delta(job, sq.batch, h, s0, m, w.o, w.dout, w.delta);
+            load_lse(job, sq.batch, h, s0, m, w.lse);
             memset(w.dq, 0, (size_t)m * dp * sizeof(float));
-            const int64_t key_end = flashc_key_end(pr, i0 + m - 1);
-            for (int64_t j0 = 0; j0 < key_end; j0 += FLASHC_CPU_BLOCK_N) {
-                float *dk = w.dk + (size_t)j0 * dp, *dv = w.dv + (size_t)j0 * dp;
-                block_pair(job, bhk, i0, m, j0, w.q, w.dout, w.lse, w.delta, w.ncols, w.s,
-                           w.dpb, w.dq, dk, dv);
+            int64_t jb0, jb1;
+            flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
+            for (int64_t jb = jb0; jb < jb1; jb++) {
+                const int64_t j0 = jb * FLASHC_CPU_BLOCK_N;
+                block_pair(job, &hd, i0, m, j0, &w, w.dq, w.dk + (size_t)j0 * dp,
+                           w.dv + (size_t)j0 * dp);
             }
-            flashc_cpu_store_rows(job->dq, w.dq, dp, b, i0, m, h, pr->scale);
+            flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
         }
-    flashc_cpu_store_rows(job->dk, w.dk, dp, b, 0, (int)pr->seqlen_k, hk, pr->scale);
-    flashc_cpu_store_rows(job->dv, w.dv, dp, b, 0, (int)pr->seqlen_k, hk, 1.0f);
+    }
+    flashc_cpu_store_rows(job->dk, w.dk, dp, sq.batch, sq.k0, (int)sq.nk, hk, pr->scale);
+    flashc_cpu_store_rows(job->dv, w.dv, dp, sq.batch, sq.k0, (int)sq.nk, hk, 1.0f);
 }
 
 /* ---- three passes ---- */
 
-static float *delta_row(const backward_job *job, int64_t b, int64_t h)
+/* The (sequence, head, query block) of a query-block task, longest first for a fixed-length
+ * batch (as the forward numbers them). */
+static void query_task(const backward_job *job, int64_t task, int64_t *b, int64_t *h,
+                       int64_t *qblock)
 {
-    return job->delta + (b * job->pr->heads_q + h) * job->pr->seqlen_q;
+    const flashc_problem *pr = job->pr;
+    if (!job->qb.start) {
+        const int64_t bh = pr->batch * pr->heads_q;
+        *qblock = job->qb.per_seq - 1 - task / bh;
+        *b = (task % bh) / pr->heads_q;
+        *h = task % pr->heads_q;
+    } else {
+        const int64_t u = task / pr->heads_q;
+        *h = task % pr->heads_q;
+        *b = flashc_cpu_blocks_seq(&job->qb, u);
+        *qblock = u - flashc_cpu_blocks_start(&job->qb, *b);
+    }
+}
+
+static float *delta_row(const backward_job *job, int64_t tb, int64_t h)
+{
+    return job->delta + (tb * job->pr->heads_q + h) * job->pr->seqlen_q;
 }
 
 static void delta_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
-    const int64_t qblock = task % job->q_blocks, bh = task / job->q_blocks;
-    const int64_t b = bh / pr->heads_q, h = bh % pr->heads_q;
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
-    const int m = flashc_cpu_block_len(pr->seqlen_q, i0, FLASHC_CPU_BLOCK_M);
+    int64_t b, h, qblock;
+    query_task(job, task, &b, &h, &qblock);
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
+    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
     bwd_scratch w = carve(job, thread, 0);
-    flashc_cpu_pack_rows(w.dout, job->dp, job->dout, b, i0, m, h, 1.0f);
-    compute_delta(job, b, h, i0, m, w.o, w.dout, delta_row(job, b, h) + i0);
+    flashc_cpu_pack_rows(w.dout, job->dp, job->dout, sq.batch, s0, m, h, 1.0f);
+    compute_delta(job, sq.batch, h, s0, m, w.o, w.dout, delta_row(job, sq.batch, h) + s0);
 }
 
 static void dkdv_task(void *ctx, int64_t task, int thread)
@@ -206,31 +284,47 @@ static void dkdv_task(void *ctx, int64_t task, int thread)
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     const int dp = job->dp;
-    const int64_t bhk_count = pr->batch * pr->heads_kv;
-    const int64_t kblock = task / bhk_count; /* causal: the first key blocks see the most */
-    const int64_t bhk = task % bhk_count;
-    const int64_t b = bhk / pr->heads_kv, hk = bhk % pr->heads_kv;
+    int64_t kblock, b, hk;
+    if (!job->kb.start) { /* causal: the first key blocks see the most */
+        const int64_t bhk_count = pr->batch * pr->heads_kv, bhk = task % bhk_count;
+        kblock = task / bhk_count;
+        b = bhk / pr->heads_kv;
+        hk = bhk % pr->heads_kv;
+    } else {
+        const int64_t u = task / pr->heads_kv;
+        hk = task % pr->heads_kv;
+        b = flashc_cpu_blocks_seq(&job->kb, u);
+        kblock = u - flashc_cpu_blocks_start(&job->kb, b);
+    }
     const int64_t group = pr->heads_q / pr->heads_kv;
+    const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
-    const int n = flashc_cpu_block_len(pr->seqlen_k, j0, FLASHC_CPU_BLOCK_N);
+    const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
     bwd_scratch w = carve(job, thread, FLASHC_CPU_BLOCK_N);
     memset(w.dk, 0, (size_t)n * dp * sizeof(float));
     memset(w.dv, 0, (size_t)n * dp * sizeof(float));
 
-    for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        for (int64_t ib = first_query_block(pr, j0); ib < job->q_blocks; ib++) {
-            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M;
-            const int m = flashc_cpu_block_len(pr->seqlen_q, i0, FLASHC_CPU_BLOCK_M);
-            if (flashc_key_end(pr, i0 + m - 1) <= j0) /* same pairs as the one-pass walk */
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const bwd_head hd = head_of(job, b, h);
+        const int64_t nqb = flashc_cpu_blocks_count(&job->qb, b);
+        for (int64_t ib = first_query_block(pr, &sq, j0); ib < nqb; ib++) {
+            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
+            const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+            int64_t jb0, jb1; /* the same pairs as the one-pass walk */
+            flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
+            if (kblock < jb0) /* the window's left edge has passed this key block */
+                break;
+            if (kblock >= jb1)
                 continue;
-            flashc_cpu_pack_rows(w.q, dp, job->q, b, i0, m, h, 1.0f);
-            flashc_cpu_pack_rows(w.dout, dp, job->dout, b, i0, m, h, 1.0f);
-            load_lse(job, b, h, i0, m, w.lse);
-            block_pair(job, bhk, i0, m, j0, w.q, w.dout, w.lse, delta_row(job, b, h) + i0,
-                       w.ncols, w.s, w.dpb, NULL, w.dk, w.dv);
+            flashc_cpu_pack_rows(w.q, dp, job->q, sq.batch, s0, m, h, 1.0f);
+            flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+            load_lse(job, sq.batch, h, s0, m, w.lse);
+            memcpy(w.delta, delta_row(job, sq.batch, h) + s0, (size_t)m * sizeof(float));
+            block_pair(job, &hd, i0, m, j0, &w, NULL, w.dk, w.dv);
         }
-    flashc_cpu_store_rows(job->dk, w.dk, dp, b, j0, n, hk, pr->scale);
-    flashc_cpu_store_rows(job->dv, w.dv, dp, b, j0, n, hk, 1.0f);
+    }
+    flashc_cpu_store_rows(job->dk, w.dk, dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
+    flashc_cpu_store_rows(job->dv, w.dv, dp, sq.batch, sq.k0 + j0, n, hk, 1.0f);
 }
 
 static void dq_task(void *ctx, int64_t task, int thread)
@@ -238,22 +332,23 @@ static void dq_task(void *ctx, int64_t task, int thread)
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     const int dp = job->dp;
-    const int64_t bh = pr->batch * pr->heads_q;
-    const int64_t qblock = job->q_blocks - 1 - task / bh; /* longest first */
-    const int64_t b = (task % bh) / pr->heads_q, h = task % pr->heads_q;
-    const int64_t hk = h / (pr->heads_q / pr->heads_kv), bhk = b * pr->heads_kv + hk;
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
-    const int m = flashc_cpu_block_len(pr->seqlen_q, i0, FLASHC_CPU_BLOCK_M);
+    int64_t b, h, qblock;
+    query_task(job, task, &b, &h, &qblock);
+    const bwd_head hd = head_of(job, b, h);
+    const flashc_seq sq = hd.sq;
+    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
+    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
     bwd_scratch w = carve(job, thread, 0);
-    flashc_cpu_pack_rows(w.q, dp, job->q, b, i0, m, h, 1.0f);
-    flashc_cpu_pack_rows(w.dout, dp, job->dout, b, i0, m, h, 1.0f);
-    load_lse(job, b, h, i0, m, w.lse);
+    flashc_cpu_pack_rows(w.q, dp, job->q, sq.batch, s0, m, h, 1.0f);
+    flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+    load_lse(job, sq.batch, h, s0, m, w.lse);
+    memcpy(w.delta, delta_row(job, sq.batch, h) + s0, (size_t)m * sizeof(float));
     memset(w.dq, 0, (size_t)m * dp * sizeof(float));
-    const int64_t key_end = flashc_key_end(pr, i0 + m - 1);
-    for (int64_t j0 = 0; j0 < key_end; j0 += FLASHC_CPU_BLOCK_N)
-        block_pair(job, bhk, i0, m, j0, w.q, w.dout, w.lse, delta_row(job, b, h) + i0,
-                   w.ncols, w.s, w.dpb, w.dq, NULL, NULL);
-    flashc_cpu_store_rows(job->dq, w.dq, dp, b, i0, m, h, pr->scale);
+    int64_t jb0, jb1;
+    flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
+    for (int64_t jb = jb0; jb < jb1; jb++)
+        block_pair(job, &hd, i0, m, jb * FLASHC_CPU_BLOCK_N, &w, w.dq, NULL, NULL);
+    flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
 }
 
 size_t flashc_cpu_backward_workspace_size(void *state, const flashc_problem *pr)
@@ -261,7 +356,7 @@ size_t flashc_cpu_backward_workspace_size(void *state, const flashc_problem *pr)
     return (size_t)(pr->batch * pr->heads_q * pr->seqlen_q) * sizeof(float) + 64;
 }
 
-/* One pass when the (batch, kv head) tasks fill the threads to at least 80% (e.g. 16 heads
+/* One pass when the (sequence, kv head) tasks fill the threads to at least 80% (e.g. 16 heads
  * on 2, 4, 8 or 16 threads); the three-pass schedule's finer tasks otherwise. */
 static int use_one_pass(const flashc_problem *pr, int threads)
 {
@@ -272,7 +367,7 @@ static int use_one_pass(const flashc_problem *pr, int threads)
         return 1;
     if (force && strcmp(force, "threepass") == 0)
         return 0;
-    int64_t tasks = pr->batch * pr->heads_kv;
+    int64_t tasks = flashc_num_seqs(pr) * pr->heads_kv;
     int64_t rounds = (tasks + threads - 1) / threads;
     return tasks * 5 >= rounds * threads * 4;
 }
@@ -298,26 +393,36 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     job.dk = dk;
     job.dv = dv;
     job.dp = flashc_cpu_padded_dim(pr->head_dim);
-    job.q_blocks = flashc_cpu_blocks(pr->seqlen_q, FLASHC_CPU_BLOCK_M);
-    job.k_blocks = flashc_cpu_blocks(pr->seqlen_k, FLASHC_CPU_BLOCK_N);
     const int threads = flashc_threadpool_size(st->pool);
     const int one_pass = use_one_pass(pr, threads);
+    const int64_t nseq = flashc_num_seqs(pr);
+    const int varlen = (pr->features & FLASHC_FEATURE_VARLEN) != 0;
 
     /* everything is allocated before the first output write, in one workspace: packed K^T,
-     * V^T and K, the delta rows (three passes, when the caller gave no workspace), then the
-     * threads' scratch */
-    const size_t pack_bytes = flashc_cpu_line_bytes(
-        (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * (size_t)job.dp *
-        FLASHC_CPU_BLOCK_N * sizeof(float));
+     * V^T and K, the delta rows (three passes, when the caller gave no workspace), the varlen
+     * block tables, then the threads' scratch */
+    const int64_t ktotal = flashc_cpu_total_blocks(pr, 1);
+    const size_t pack_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) *
+                                                    (size_t)job.dp * FLASHC_CPU_BLOCK_N *
+                                                    sizeof(float));
     const size_t delta_bytes =
         one_pass || pr->workspace
             ? 0
             : flashc_cpu_line_bytes(flashc_cpu_backward_workspace_size(state, pr));
-    const size_t rows = one_pass ? (size_t)job.k_blocks * FLASHC_CPU_BLOCK_N : FLASHC_CPU_BLOCK_N;
+    const size_t table_bytes =
+        varlen ? flashc_cpu_line_bytes(2 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
+    /* one pass: dK and dV of the longest key sequence */
+    const size_t rows =
+        one_pass ? (size_t)flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N) *
+                       FLASHC_CPU_BLOCK_N
+                 : FLASHC_CPU_BLOCK_N;
     const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
     cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
-        st, 3 * pack_bytes + delta_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
+        st,
+        3 * pack_bytes + delta_bytes + table_bytes +
+            (size_t)threads * scratch_floats * sizeof(float),
+        &ws);
     if (status != FLASHC_OK)
         return status;
     job.kt = (float *)ws.base;
@@ -327,17 +432,20 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
         job.delta = pr->workspace
                         ? (float *)(((uintptr_t)pr->workspace + 63) & ~(uintptr_t)63)
                         : (float *)(ws.base + 3 * pack_bytes);
-    job.scratch.base = (float *)(ws.base + 3 * pack_bytes + delta_bytes);
+    int64_t *tables = (int64_t *)(ws.base + 3 * pack_bytes + delta_bytes);
+    flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
+    flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);
+    job.scratch.base = (float *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes);
     job.scratch.floats_per_thread = scratch_floats;
 
-    const int64_t bhq = pr->batch * pr->heads_q, bhk = pr->batch * pr->heads_kv;
-    flashc_threadpool_run(st->pool, bhk * job.k_blocks, pack_task, &job);
+    const int64_t qtasks = job.qb.total * pr->heads_q, ktasks = job.kb.total * pr->heads_kv;
+    flashc_threadpool_run(st->pool, ktasks, pack_task, &job);
     if (one_pass) {
-        flashc_threadpool_run(st->pool, bhk, onepass_task, &job);
+        flashc_threadpool_run(st->pool, nseq * pr->heads_kv, onepass_task, &job);
     } else {
-        flashc_threadpool_run(st->pool, bhq * job.q_blocks, delta_task, &job);
-        flashc_threadpool_run(st->pool, bhk * job.k_blocks, dkdv_task, &job);
-        flashc_threadpool_run(st->pool, bhq * job.q_blocks, dq_task, &job);
+        flashc_threadpool_run(st->pool, qtasks, delta_task, &job);
+        flashc_threadpool_run(st->pool, ktasks, dkdv_task, &job);
+        flashc_threadpool_run(st->pool, qtasks, dq_task, &job);
     }
     flashc_cpu_workspace_put(st, &ws);
     return FLASHC_OK;

@@ -27,9 +27,9 @@ typedef struct forward_job {
     flashc_tensor *out, *lse;
     int dp;
     int use16; /* bf16 operands through gemm_panel16 / gemm_acc16 */
-    int64_t q_blocks, k_blocks;
+    cpu_blocks qb, kb; /* query and key blocks of every sequence */
     size_t block_elems; /* elements of one packed key block: dp * BLOCK_N */
-    void *kpack, *vpack; /* [batch * heads_kv][k_blocks][block_elems] */
+    void *kpack, *vpack; /* per sequence b: [heads_kv][key blocks of b][block_elems] */
     cpu_scratch scratch;
 } forward_job;
 
@@ -38,29 +38,37 @@ static size_t elem_size(const forward_job *job)
     return job->use16 ? sizeof(uint16_t) : sizeof(float);
 }
 
-static void *packed_block(const forward_job *job, void *base, int64_t bhk, int64_t kblock)
+/* Key block kblock of kv head hk of sequence b. For a fixed-length batch this is
+ * [batch * heads_kv][k_blocks], as before sequences had their own lengths. */
+static void *packed_block(const forward_job *job, void *base, int64_t b, int64_t hk,
+                          int64_t kblock)
 {
-    size_t index = ((size_t)bhk * (size_t)job->k_blocks + (size_t)kblock) * job->block_elems;
+    size_t index = (size_t)(flashc_cpu_blocks_start(&job->kb, b) * job->pr->heads_kv +
+                            hk * flashc_cpu_blocks_count(&job->kb, b) + kblock) *
+                   job->block_elems;
     return (char *)base + index * elem_size(job);
 }
 
-/* Pass 1: one key block of one (batch, kv head). */
+/* Pass 1: one key block of one (sequence, kv head); task numbers follow the packed layout. */
 static void pack_task(void *ctx, int64_t task, int thread)
 {
     forward_job *job = ctx;
     const flashc_problem *pr = job->pr;
-    const int64_t bhk = task / job->k_blocks, kblock = task % job->k_blocks;
-    const int64_t b = bhk / pr->heads_kv, hk = bhk % pr->heads_kv;
+    const int64_t b = flashc_cpu_blocks_seq(&job->kb, task / pr->heads_kv);
+    const int64_t within = task - flashc_cpu_blocks_start(&job->kb, b) * pr->heads_kv;
+    const int64_t nkb = flashc_cpu_blocks_count(&job->kb, b);
+    const int64_t hk = within / nkb, kblock = within % nkb;
+    const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
-    const int n = flashc_cpu_block_len(pr->seqlen_k, j0, FLASHC_CPU_BLOCK_N);
-    void *kp = packed_block(job, job->kpack, bhk, kblock);
-    void *vp = packed_block(job, job->vpack, bhk, kblock);
+    const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
+    void *kp = packed_block(job, job->kpack, b, hk, kblock);
+    void *vp = packed_block(job, job->vpack, b, hk, kblock);
     if (job->use16) {
-        flashc_cpu_pack_panel16(kp, job->dp, job->k, b, j0, n, hk);
-        flashc_cpu_pack_vpair16(vp, job->dp, job->v, b, j0, n, hk);
+        flashc_cpu_pack_panel16(kp, job->dp, job->k, sq.batch, sq.k0 + j0, n, hk);
+        flashc_cpu_pack_vpair16(vp, job->dp, job->v, sq.batch, sq.k0 + j0, n, hk);
     } else {
-        flashc_cpu_pack_panel(kp, job->dp, job->k, b, j0, n, hk);
-        flashc_cpu_pack_rows(vp, job->dp, job->v, b, j0, n, hk, 1.0f);
+        flashc_cpu_pack_panel(kp, job->dp, job->k, sq.batch, sq.k0 + j0, n, hk);
+        flashc_cpu_pack_rows(vp, job->dp, job->v, sq.batch, sq.k0 + j0, n, hk, 1.0f);
         memset((float *)vp + (size_t)n * job->dp, 0,
                (size_t)(FLASHC_CPU_BLOCK_N - n) * job->dp * sizeof(float));
     }
@@ -70,38 +78,52 @@ static void pack_task(void *ctx, int64_t task, int thread)
 static size_t forward_scratch_floats(int dp)
 {
     return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 2 + /* Q (or Q16), O */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) +   /* S / P */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 2 + /* S / P, dropout */
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) + /* P16 */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 3;                     /* max, sum, ncols */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4; /* max, sum, ncols, cbeg */
 }
 
-/* Pass 2: one block of queries of one (batch, head). */
+/* Pass 2: one block of queries of one (sequence, head). */
 static void forward_task(void *ctx, int64_t task, int thread)
 {
     forward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     const flashc_cpu_kernels *kern = job->kern;
     const int dp = job->dp;
-    const int64_t bh = pr->batch * pr->heads_q;
-    const int64_t qblock = job->q_blocks - 1 - task / bh; /* longest first */
-    const int64_t b = (task % bh) / pr->heads_q, h = task % pr->heads_q;
-    const int64_t hk = h / (pr->heads_q / pr->heads_kv), bhk = b * pr->heads_kv + hk;
+    int64_t b, h, qblock;
+    if (!job->qb.start) { /* fixed length: the last query blocks (longest under causal) first */
+        const int64_t bh = pr->batch * pr->heads_q;
+        qblock = job->qb.per_seq - 1 - task / bh;
+        b = (task % bh) / pr->heads_q;
+        h = task % pr->heads_q;
+    } else {
+        const int64_t u = task / pr->heads_q;
+        h = task % pr->heads_q;
+        b = flashc_cpu_blocks_seq(&job->qb, u);
+        qblock = flashc_cpu_blocks_count(&job->qb, b) - 1 -
+                 (u - flashc_cpu_blocks_start(&job->qb, b));
+    }
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    const int64_t hk = h / (pr->heads_q / pr->heads_kv);
     const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
-    const int m = flashc_cpu_block_len(pr->seqlen_q, i0, FLASHC_CPU_BLOCK_M);
+    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
 
     float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
     float *acc = qbuf + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
     float *s = acc + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
-    uint16_t *p16 = (uint16_t *)(s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N));
+    float *drop = s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N);
+    uint16_t *p16 =
+        (uint16_t *)(drop + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N));
     float *row_max = (float *)p16 + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2);
     float *row_sum = row_max + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(FLASHC_CPU_BLOCK_M));
+    int *cbeg = ncols + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
     uint16_t *q16 = (uint16_t *)qbuf;
 
     if (job->use16)
-        flashc_cpu_pack_rows16(q16, dp, job->q, b, i0, m, h);
+        flashc_cpu_pack_rows16(q16, dp, job->q, sq.batch, sq.q0 + i0, m, h);
     else
-        flashc_cpu_pack_rows(qbuf, dp, job->q, b, i0, m, h, pr->scale);
+        flashc_cpu_pack_rows(qbuf, dp, job->q, sq.batch, sq.q0 + i0, m, h, pr->scale);
     /* all BLOCK_M rows: tile kernels that work on whole 16-row strips then see zeros */
     memset(acc, 0, (size_t)FLASHC_CPU_BLOCK_M * (size_t)dp * sizeof(float));
     for (int r = 0; r < m; r++) {
@@ -109,21 +131,39 @@ static void forward_task(void *ctx, int64_t task, int thread)
         row_sum[r] = 0.0f;
     }
 
-    const int64_t key_end = flashc_key_end(pr, i0 + m - 1); /* the last row sees the most */
-    for (int64_t j0 = 0; j0 < key_end; j0 += FLASHC_CPU_BLOCK_N) {
+    /* the scale still to apply to S: Q was packed pre-scaled on the float32 path */
+    const float s_scale = job->use16 ? pr->scale : 1.0f;
+    const int mods = flashc_cpu_has_mods(pr);
+    const int dropout = (pr->features & FLASHC_FEATURE_DROPOUT) != 0;
+    const cpu_score_mods md = flashc_cpu_mods(pr, &sq, b, h, s_scale);
+    int64_t jb0, jb1; /* key blocks outside the band are never visited */
+    flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
+    int64_t lo_first, key_end;
+    flashc_seq_key_range(pr, &sq, i0 + m - 1, &lo_first, &key_end); /* the last row ends last */
+    for (int64_t kblock = jb0; kblock < jb1; kblock++) {
+        const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
         const int n = flashc_cpu_block_len(key_end, j0, FLASHC_CPU_BLOCK_N);
-        const int64_t kblock = j0 / FLASHC_CPU_BLOCK_N;
-        const void *kp = packed_block(job, job->kpack, bhk, kblock);
-        const void *vp = packed_block(job, job->vpack, bhk, kblock);
-        flashc_cpu_block_ncols(pr, ncols, i0, m, j0, n);
-        if (job->use16) {
+        const void *kp = packed_block(job, job->kpack, b, hk, kblock);
+        const void *vp = packed_block(job, job->vpack, b, hk, kblock);
+        const int left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
+        float sc = s_scale;
+        if (job->use16)
             kern->gemm_panel16(m, dp, q16, dp, kp, s);
-            kern->softmax(s, m, n, ncols, pr->scale, row_max, row_sum, acc, dp);
+        else
+            kern->gemm_panel(m, (int)pr->head_dim, qbuf, dp, kp, s);
+        if (mods || left) { /* feature blocks only: the plain path goes straight on */
+            flashc_cpu_apply_mods(&md, s, m, n, i0, j0, cbeg, NULL);
+            sc = 1.0f;
+        }
+        kern->softmax(s, m, n, ncols, sc, row_max, row_sum, acc, dp);
+        if (dropout) { /* after the softmax, so row_sum (and the LSE) stay un-dropped */
+            flashc_cpu_dropout_block(pr, b, h, i0, m, j0, n, drop);
+            flashc_cpu_mul_block(s, drop, m, n);
+        }
+        if (job->use16) {
             kern->round_p16(p16, s, m, n);
             kern->gemm_acc16(m, n, dp, p16, vp, acc);
         } else {
-            kern->gemm_panel(m, (int)pr->head_dim, qbuf, dp, kp, s);
-            kern->softmax(s, m, n, ncols, 1.0f, row_max, row_sum, acc, dp);
             kern->gemm_acc(m, n, dp, s, vp, acc);
         }
     }
@@ -138,8 +178,8 @@ static void forward_task(void *ctx, int64_t task, int thread)
             memset(arow, 0, (size_t)dp * sizeof(float));
             lse_r = -INFINITY;
         }
-        *flashc_lse_ptr(job->lse, b, h, i0 + r) = lse_r;
-        flashc_cpu_store_rows(job->out, arow, dp, b, i0 + r, 1, h, inv);
+        *flashc_lse_ptr(job->lse, sq.batch, h, sq.q0 + i0 + r) = lse_r;
+        flashc_cpu_store_rows(job->out, arow, dp, sq.batch, sq.q0 + i0 + r, 1, h, inv);
     }
 }
 
@@ -161,27 +201,33 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.dp = flashc_cpu_padded_dim(pr->head_dim);
     job.use16 = pr->dtype == FLASHC_BF16 && kern->gemm_panel16 && kern->bf16_supported &&
                 kern->bf16_supported();
-    job.q_blocks = flashc_cpu_blocks(pr->seqlen_q, FLASHC_CPU_BLOCK_M);
-    job.k_blocks = flashc_cpu_blocks(pr->seqlen_k, FLASHC_CPU_BLOCK_N);
     job.block_elems = (size_t)job.dp * FLASHC_CPU_BLOCK_N;
+    const int64_t nseq = flashc_num_seqs(pr);
+    const int varlen = (pr->features & FLASHC_FEATURE_VARLEN) != 0;
 
-    /* everything is allocated before the first output write: packed K, packed V, then the
-     * threads' scratch, in one workspace */
-    const size_t pack_bytes = flashc_cpu_line_bytes(
-        (size_t)(pr->batch * pr->heads_kv * job.k_blocks) * job.block_elems * elem_size(&job));
+    /* everything is allocated before the first output write: packed K, packed V, the varlen
+     * block tables, then the threads' scratch, in one workspace */
+    const size_t table_bytes =
+        varlen ? flashc_cpu_line_bytes(2 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
+    cpu_workspace ws;
+    const int64_t ktotal = flashc_cpu_total_blocks(pr, 1);
+    const size_t pack_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) *
+                                                    job.block_elems * elem_size(&job));
     const int threads = flashc_threadpool_size(st->pool);
     const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp));
-    cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
-        st, 2 * pack_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
+        st, 2 * pack_bytes + table_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
     if (status != FLASHC_OK)
         return status;
     job.kpack = ws.base;
     job.vpack = ws.base + pack_bytes;
-    job.scratch.base = (float *)(ws.base + 2 * pack_bytes);
+    int64_t *tables = (int64_t *)(ws.base + 2 * pack_bytes);
+    flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
+    flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);
+    job.scratch.base = (float *)(ws.base + 2 * pack_bytes + table_bytes);
     job.scratch.floats_per_thread = scratch_floats;
-    flashc_threadpool_run(st->pool, pr->batch * pr->heads_kv * job.k_blocks, pack_task, &job);
-    flashc_threadpool_run(st->pool, job.q_blocks * pr->batch * pr->heads_q, forward_task, &job);
+    flashc_threadpool_run(st->pool, job.kb.total * pr->heads_kv, pack_task, &job);
+    flashc_threadpool_run(st->pool, job.qb.total * pr->heads_q, forward_task, &job);
     flashc_cpu_workspace_put(st, &ws);
     return FLASHC_OK;
 }

@@ -74,15 +74,151 @@ static inline int flashc_cpu_block_len(int64_t total, int64_t start, int64_t blo
     return (int)(total - start < block ? total - start : block);
 }
 
-/* Visible keys of each row of a block (m queries from i0, n keys from j0), in [0, n]. */
-static inline void flashc_cpu_block_ncols(const flashc_problem *pr, int *ncols, int64_t i0,
-                                          int m, int64_t j0, int n)
+/* Visible keys of each row of a block (m queries from i0, n keys from j0, both counted in
+ * sequence sq): row r sees columns [cbeg[r], ncols[r]) of the block, each in [0, n].
+ * Returns 1 when some row has cbeg > 0, i.e. the block needs its left columns masked (a
+ * sliding window); the plain and causal masks only ever cut a row's end. */
+static inline int flashc_cpu_block_cols(const flashc_problem *pr, const flashc_seq *sq,
+                                        int *cbeg, int *ncols, int64_t i0, int m, int64_t j0,
+                                        int n)
 {
+    int left = 0;
     for (int r = 0; r < m; r++) {
-        int64_t e = flashc_key_end(pr, i0 + r) - j0;
+        int64_t lo, hi;
+        flashc_seq_key_range(pr, sq, i0 + r, &lo, &hi);
+        int64_t e = hi - j0, a = lo - j0;
         ncols[r] = e < 0 ? 0 : (e > n ? n : (int)e);
+        cbeg[r] = a < 0 ? 0 : (a > n ? n : (int)a);
+        left |= cbeg[r] > 0;
     }
+    return left;
 }
+
+/* The key blocks that a block of queries [i0, i0 + m) of sequence sq visits: [*jb0, *jb1)
+ * in units of BLOCK_N, from the block holding the first row's first visible key to the one
+ * holding the last row's last (both ends of a row's range grow with the row). */
+static inline void flashc_cpu_key_blocks(const flashc_problem *pr, const flashc_seq *sq,
+                                         int64_t i0, int m, int64_t *jb0, int64_t *jb1)
+{
+    int64_t lo, hi, lo_last, hi_first;
+    flashc_seq_key_range(pr, sq, i0, &lo, &hi_first);
+    flashc_seq_key_range(pr, sq, i0 + m - 1, &lo_last, &hi);
+    *jb0 = lo / FLASHC_CPU_BLOCK_N;
+    *jb1 = hi <= 0 ? 0 : flashc_cpu_blocks(hi, FLASHC_CPU_BLOCK_N);
+}
+
+/* ---- blocks of a batch of sequences: fixed length, or varlen from prefix sums ---- */
+
+/* The query (or key) blocks of every sequence, numbered consecutively: sequence b owns
+ * blocks [start(b), start(b + 1)). A fixed-length batch needs no table. */
+typedef struct cpu_blocks {
+    int64_t nseq;
+    int64_t per_seq;      /* fixed length: blocks of every sequence */
+    const int64_t *start; /* varlen: [nseq + 1] prefix sums, else NULL */
+    int64_t total;
+} cpu_blocks;
+
+static inline int64_t flashc_cpu_blocks_start(const cpu_blocks *bl, int64_t b)
+{
+    return bl->start ? bl->start[b] : b * bl->per_seq;
+}
+
+static inline int64_t flashc_cpu_blocks_count(const cpu_blocks *bl, int64_t b)
+{
+    return flashc_cpu_blocks_start(bl, b + 1) - flashc_cpu_blocks_start(bl, b);
+}
+
+/* The sequence that owns block u (binary search for varlen; empty sequences own none). */
+static inline int64_t flashc_cpu_blocks_seq(const cpu_blocks *bl, int64_t u)
+{
+    if (!bl->start)
+        return u / bl->per_seq;
+    int64_t a = 0, z = bl->nseq - 1; /* the last b with start[b] <= u */
+    while (a < z) {
+        int64_t mid = (a + z + 1) / 2;
+        if (bl->start[mid] <= u)
+            a = mid;
+        else
+            z = mid - 1;
+    }
+    return a;
+}
+
+/* Blocks of the query side (keys = 0) or key side (keys = 1) over every sequence. */
+static inline int64_t flashc_cpu_total_blocks(const flashc_problem *pr, int keys)
+{
+    const int64_t block = keys ? FLASHC_CPU_BLOCK_N : FLASHC_CPU_BLOCK_M;
+    if (!(pr->features & FLASHC_FEATURE_VARLEN))
+        return pr->batch * flashc_cpu_blocks(keys ? pr->seqlen_k : pr->seqlen_q, block);
+    const int32_t *cu = keys ? pr->cu_seqlens_k : pr->cu_seqlens_q;
+    int64_t total = 0;
+    for (int64_t b = 0; b < pr->num_seqs; b++)
+        total += flashc_cpu_blocks((int64_t)cu[b + 1] - cu[b], block);
+    return total;
+}
+
+/* Fills bl for the query side (keys = 0) or key side (keys = 1); table holds nseq + 1
+ * entries and is used for varlen only. */
+static inline void flashc_cpu_blocks_init(cpu_blocks *bl, const flashc_problem *pr, int keys,
+                                          int64_t *table)
+{
+    const int64_t block = keys ? FLASHC_CPU_BLOCK_N : FLASHC_CPU_BLOCK_M;
+    bl->nseq = flashc_num_seqs(pr);
+    bl->per_seq = flashc_cpu_blocks(keys ? pr->seqlen_k : pr->seqlen_q, block);
+    bl->start = NULL;
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        const int32_t *cu = keys ? pr->cu_seqlens_k : pr->cu_seqlens_q;
+        table[0] = 0;
+        for (int64_t b = 0; b < bl->nseq; b++)
+            table[b + 1] = table[b] + flashc_cpu_blocks((int64_t)cu[b + 1] - cu[b], block);
+        bl->start = table;
+    }
+    bl->total = flashc_cpu_blocks_start(bl, bl->nseq);
+}
+
+/* ---- score modifiers (cpu_scores.c): softcap, ALiBi, window edges, dropout ---- */
+
+/* What turns a block of raw scores into logits for one (sequence, head). */
+typedef struct cpu_score_mods {
+    float scale;   /* applied first (1 when Q was packed pre-scaled) */
+    float softcap; /* 0 = off */
+    float slope;   /* ALiBi slope, 0 = off */
+    int alibi;
+    int64_t off;   /* the sequence's diagonal offset */
+} cpu_score_mods;
+
+/* 1 if the problem changes logits beyond the mask (softcap or ALiBi). */
+static inline int flashc_cpu_has_mods(const flashc_problem *pr)
+{
+    return (pr->features & (FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI)) != 0;
+}
+
+static inline cpu_score_mods flashc_cpu_mods(const flashc_problem *pr, const flashc_seq *sq,
+                                             int64_t b, int64_t h, float scale)
+{
+    cpu_score_mods md;
+    md.scale = scale;
+    md.softcap = (pr->features & FLASHC_FEATURE_SOFTCAP) ? pr->softcap : 0.0f;
+    md.alibi = (pr->features & FLASHC_FEATURE_ALIBI) != 0;
+    md.slope = flashc_alibi_slope(pr, b, h);
+    md.off = flashc_seq_offset(pr, sq);
+    return md;
+}
+
+/* s[m][64], raw scores of rows i0.. against keys j0.. (sequence indices), becomes the
+ * logits of columns [0, n): scale, then softcap, then ALiBi; columns before cbeg[r] become
+ * -inf (the window's left edge). dcap (NULL unless wanted) gets d logit / d(scaled score),
+ * 1 - tanh^2 under softcap, for every column below n. */
+void flashc_cpu_apply_mods(const cpu_score_mods *md, float *s, int m, int n, int64_t i0,
+                           int64_t j0, const int *cbeg, float *dcap);
+
+/* d[m][64] = the dropout factors of rows i0.. and keys j0.. of (sequence b, head h): 0 for a
+ * dropped entry, 1/(1-p) for a kept one (flashc.h, src/philox.h); columns n..64 zero. */
+void flashc_cpu_dropout_block(const flashc_problem *pr, int64_t b, int64_t h, int64_t i0, int m,
+                              int64_t j0, int n, float *d);
+
+/* x[r][c] *= y[r][c] for r < m, c < n, both of row stride 64. */
+void flashc_cpu_mul_block(float *x, const float *y, int m, int n);
 
 /* ---- packing (cpu_pack.c): inputs of any dtype and strides into kernel layouts ---- */
 

@@ -11,6 +11,7 @@
 
 #include "dtype.h"
 #include "ref/reference.h"
+#include "philox.h"
 
 /* Row of a 4-d tensor as doubles. */
 static void load_row_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t s, int64_t h,
@@ -21,31 +22,76 @@ static void load_row_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t
         dst[d] = (double)flashc_load(row, t->dtype, d);
 }
 
-/* Loads q[b, :, h, :] or k/v[b, :, h, :] into a dense [seqlen, D] array. */
-static void load_head_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t h)
+/* Loads rows [s0, s0 + n) of head h of tensor batch b into a dense [n, D] array. */
+static void load_head_f64(double *dst, const flashc_tensor *t, int64_t b, int64_t s0, int64_t n,
+                          int64_t h)
 {
-    int64_t n = t->shape[1], dim = t->shape[3];
+    int64_t dim = t->shape[3];
     for (int64_t s = 0; s < n; s++)
-        load_row_f64(dst + s * dim, t, b, s, h, dim);
+        load_row_f64(dst + s * dim, t, b, s0 + s, h, dim);
 }
 
-/* Scores of query row qi against every key, masked entries -inf; returns the row max. */
-static double score_row(const flashc_problem *pr, const double *qi, const double *kh, int64_t i,
-                        double *srow)
+/* The mask of flashc.h, written out rule by rule (rather than through the key ranges the
+ * fast backends use, so that the two are independent): does query i of sequence sq see
+ * key j? */
+static int visible(const flashc_problem *pr, const flashc_seq *sq, int64_t i, int64_t j)
 {
-    int64_t dim = pr->head_dim, end = flashc_key_end(pr, i);
+    int64_t off = pr->causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : sq->nk - sq->nq;
+    if (pr->causal != FLASHC_CAUSAL_NONE && j > i + off)
+        return 0;
+    if (pr->features & FLASHC_FEATURE_WINDOW) {
+        if (pr->window_left >= 0 && j < i + off - pr->window_left)
+            return 0;
+        if (pr->window_right >= 0 && j > i + off + pr->window_right)
+            return 0;
+    }
+    return 1;
+}
+
+/* The dropout factor D_ij of flashc.h: 1 without dropout, else 0 or 1/(1 - p). */
+static double dropout_factor(const flashc_problem *pr, int64_t b, int64_t h, int64_t i,
+                             int64_t j)
+{
+    if (!(pr->features & FLASHC_FEATURE_DROPOUT))
+        return 1.0;
+    int keep = flashc_dropout_keep(pr->dropout_seed, pr->dropout_offset, pr->dropout_p,
+                                   pr->heads_q, b, h, i, j);
+    return keep ? 1.0 / (1.0 - (double)pr->dropout_p) : 0.0;
+}
+
+/* Logits of query row qi against every key of the sequence, masked entries -inf; returns the
+ * row max. dcap (may be NULL) receives d(logit)/d(scale q.k): 1 - tanh^2 under softcap. */
+static double score_row(const flashc_problem *pr, const flashc_seq *sq, int64_t b, int64_t h,
+                        const double *qi, const double *kh, int64_t i, double *srow,
+                        double *dcap)
+{
+    int64_t dim = pr->head_dim;
+    int64_t off = pr->causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : sq->nk - sq->nq;
+    double slope = (double)flashc_alibi_slope(pr, b, h);
+    double cap = (double)pr->softcap;
     double mx = -INFINITY;
-    for (int64_t j = 0; j < pr->seqlen_k; j++) {
-        if (j >= end) {
+    for (int64_t j = 0; j < sq->nk; j++) {
+        if (dcap)
+            dcap[j] = 1.0;
+        if (!visible(pr, sq, i, j)) {
             srow[j] = -INFINITY;
             continue;
         }
         double acc = 0.0;
         for (int64_t d = 0; d < dim; d++)
             acc += qi[d] * kh[j * dim + d];
-        srow[j] = acc * (double)pr->scale;
-        if (srow[j] > mx)
-            mx = srow[j];
+        double x = acc * (double)pr->scale;
+        if (pr->features & FLASHC_FEATURE_SOFTCAP) {
+            double t = tanh(x / cap);
+            x = cap * t;
+            if (dcap)
+                dcap[j] = 1.0 - t * t;
+        }
+        if (pr->features & FLASHC_FEATURE_ALIBI)
+            x -= slope * fabs((double)(i + off - j));
+        srow[j] = x;
+        if (x > mx)
+            mx = x;
     }
     return mx;
 }
@@ -69,7 +115,7 @@ static double softmax_row(double *srow, int64_t n, double mx)
 }
 
 typedef struct ref_scratch {
-    double *qh, *kh, *vh, *doh, *srow, *dprow;
+    double *qh, *kh, *vh, *doh, *srow, *dprow, *dcap;
 } ref_scratch;
 
 static void free_scratch(ref_scratch *s)
@@ -80,11 +126,17 @@ static void free_scratch(ref_scratch *s)
     free(s->doh);
     free(s->srow);
     free(s->dprow);
+    free(s->dcap);
 }
 
 static flashc_status alloc_scratch(ref_scratch *s, const flashc_problem *pr, int backward)
 {
-    size_t dim = (size_t)pr->head_dim, nq = (size_t)pr->seqlen_q, nk = (size_t)pr->seqlen_k;
+    /* the longest sequence: the whole tensor unless varlen (a problem the tests build by
+     * hand leaves max_seqlen 0) */
+    const int varlen = (pr->features & FLASHC_FEATURE_VARLEN) != 0;
+    size_t dim = (size_t)pr->head_dim;
+    size_t nq = (size_t)(varlen ? pr->max_seqlen_q : pr->seqlen_q) + 1;
+    size_t nk = (size_t)(varlen ? pr->max_seqlen_k : pr->seqlen_k) + 1;
     memset(s, 0, sizeof *s);
     s->qh = malloc(nq * dim * sizeof(double));
     s->kh = malloc(nk * dim * sizeof(double));
@@ -93,8 +145,10 @@ static flashc_status alloc_scratch(ref_scratch *s, const flashc_problem *pr, int
     if (backward) {
         s->doh = malloc(nq * dim * sizeof(double));
         s->dprow = malloc(nk * sizeof(double));
+        s->dcap = malloc(nk * sizeof(double));
     }
-    if (!s->qh || !s->kh || !s->vh || !s->srow || (backward && (!s->doh || !s->dprow))) {
+    if (!s->qh || !s->kh || !s->vh || !s->srow ||
+        (backward && (!s->doh || !s->dprow || !s->dcap))) {
         free_scratch(s);
         return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "reference: out of memory for scratch");
     }
@@ -109,23 +163,25 @@ flashc_status flashc_ref_forward_f64(const flashc_problem *pr, const flashc_tens
     if (alloc_scratch(&s, pr, 0) != FLASHC_OK)
         return FLASHC_ERROR_OUT_OF_MEMORY;
     int64_t dim = pr->head_dim, group = pr->heads_q / pr->heads_kv;
-    for (int64_t b = 0; b < pr->batch; b++)
+    for (int64_t b = 0; b < flashc_num_seqs(pr); b++) {
+        const flashc_seq sq = flashc_seq_of(pr, b);
         for (int64_t h = 0; h < pr->heads_q; h++) {
-            load_head_f64(s.qh, q, b, h);
-            load_head_f64(s.kh, k, b, h / group);
-            load_head_f64(s.vh, v, b, h / group);
-            for (int64_t i = 0; i < pr->seqlen_q; i++) {
-                double mx = score_row(pr, s.qh + i * dim, s.kh, i, s.srow);
-                double l = softmax_row(s.srow, pr->seqlen_k, mx);
+            load_head_f64(s.qh, q, sq.batch, sq.q0, sq.nq, h);
+            load_head_f64(s.kh, k, sq.batch, sq.k0, sq.nk, h / group);
+            load_head_f64(s.vh, v, sq.batch, sq.k0, sq.nk, h / group);
+            for (int64_t i = 0; i < sq.nq; i++) {
+                const int64_t row = sq.q0 + i; /* in the tensors */
+                double mx = score_row(pr, &sq, b, h, s.qh + i * dim, s.kh, i, s.srow, NULL);
+                double l = softmax_row(s.srow, sq.nk, mx);
                 if (lse)
-                    lse[(b * pr->heads_q + h) * pr->seqlen_q + i] = l;
+                    lse[(sq.batch * pr->heads_q + h) * pr->seqlen_q + row] = l;
                 if (!out)
                     continue;
-                double *o = out + ((b * pr->seqlen_q + i) * pr->heads_q + h) * dim;
+                double *o = out + ((sq.batch * pr->seqlen_q + row) * pr->heads_q + h) * dim;
                 for (int64_t d = 0; d < dim; d++)
                     o[d] = 0.0;
-                for (int64_t j = 0; j < pr->seqlen_k; j++) {
-                    double p = s.srow[j];
+                for (int64_t j = 0; j < sq.nk; j++) {
+                    double p = s.srow[j] * dropout_factor(pr, b, h, i, j);
                     if (p == 0.0)
                         continue;
                     for (int64_t d = 0; d < dim; d++)
@@ -133,6 +189,7 @@ flashc_status flashc_ref_forward_f64(const flashc_problem *pr, const flashc_tens
                 }
             }
         }
+    }
     free_scratch(&s);
     return FLASHC_OK;
 }
@@ -145,47 +202,52 @@ flashc_status flashc_ref_backward_f64(const flashc_problem *pr, const flashc_ten
     if (alloc_scratch(&s, pr, 1) != FLASHC_OK)
         return FLASHC_ERROR_OUT_OF_MEMORY;
     int64_t dim = pr->head_dim, group = pr->heads_q / pr->heads_kv;
-    int64_t nq = pr->seqlen_q, nk = pr->seqlen_k;
+    int64_t nq_all = pr->seqlen_q, nk_all = pr->seqlen_k;
     double scale = (double)pr->scale;
-    memset(dk, 0, (size_t)(pr->batch * nk * pr->heads_kv * dim) * sizeof(double));
-    memset(dv, 0, (size_t)(pr->batch * nk * pr->heads_kv * dim) * sizeof(double));
-    for (int64_t b = 0; b < pr->batch; b++)
+    memset(dq, 0, (size_t)(pr->batch * nq_all * pr->heads_q * dim) * sizeof(double));
+    memset(dk, 0, (size_t)(pr->batch * nk_all * pr->heads_kv * dim) * sizeof(double));
+    memset(dv, 0, (size_t)(pr->batch * nk_all * pr->heads_kv * dim) * sizeof(double));
+    for (int64_t b = 0; b < flashc_num_seqs(pr); b++) {
+        const flashc_seq sq = flashc_seq_of(pr, b);
+        const int64_t nk = sq.nk;
         for (int64_t h = 0; h < pr->heads_q; h++) {
             int64_t hk = h / group;
-            load_head_f64(s.qh, q, b, h);
-            load_head_f64(s.kh, k, b, hk);
-            load_head_f64(s.vh, v, b, hk);
-            load_head_f64(s.doh, dout, b, h);
-            for (int64_t i = 0; i < nq; i++) {
+            load_head_f64(s.qh, q, sq.batch, sq.q0, sq.nq, h);
+            load_head_f64(s.kh, k, sq.batch, sq.k0, nk, hk);
+            load_head_f64(s.vh, v, sq.batch, sq.k0, nk, hk);
+            load_head_f64(s.doh, dout, sq.batch, sq.q0, sq.nq, h);
+            for (int64_t i = 0; i < sq.nq; i++) {
                 const double *qi = s.qh + i * dim, *doi = s.doh + i * dim;
-                double mx = score_row(pr, qi, s.kh, i, s.srow);
+                double mx = score_row(pr, &sq, b, h, qi, s.kh, i, s.srow, s.dcap);
                 softmax_row(s.srow, nk, mx); /* srow = P */
-                double delta = 0.0;          /* sum_j P_ij dP_ij = rowsum(dO * O) */
+                /* dP_ij = D_ij dO_i . V_j; delta = sum_j P_ij dP_ij = rowsum(dO * O) */
+                double delta = 0.0;
                 for (int64_t j = 0; j < nk; j++) {
                     double acc = 0.0;
                     for (int64_t d = 0; d < dim; d++)
                         acc += doi[d] * s.vh[j * dim + d];
-                    s.dprow[j] = acc;
-                    delta += s.srow[j] * acc;
+                    s.dprow[j] = acc * dropout_factor(pr, b, h, i, j);
+                    delta += s.srow[j] * s.dprow[j];
                 }
-                double *dqi = dq + ((b * nq + i) * pr->heads_q + h) * dim;
-                for (int64_t d = 0; d < dim; d++)
-                    dqi[d] = 0.0;
+                double *dqi = dq + ((sq.batch * nq_all + sq.q0 + i) * pr->heads_q + h) * dim;
                 for (int64_t j = 0; j < nk; j++) {
                     double p = s.srow[j];
                     if (p == 0.0)
                         continue;
-                    double ds = p * (s.dprow[j] - delta) * scale;
-                    double *dkj = dk + ((b * nk + j) * pr->heads_kv + hk) * dim;
-                    double *dvj = dv + ((b * nk + j) * pr->heads_kv + hk) * dim;
+                    /* dS w.r.t. scale q.k: through the softmax, then through the softcap */
+                    double ds = p * (s.dprow[j] - delta) * s.dcap[j] * scale;
+                    double pd = p * dropout_factor(pr, b, h, i, j);
+                    double *dkj = dk + ((sq.batch * nk_all + sq.k0 + j) * pr->heads_kv + hk) * dim;
+                    double *dvj = dv + ((sq.batch * nk_all + sq.k0 + j) * pr->heads_kv + hk) * dim;
                     for (int64_t d = 0; d < dim; d++) {
                         dqi[d] += ds * s.kh[j * dim + d];
                         dkj[d] += ds * qi[d];
-                        dvj[d] += p * doi[d];
+                        dvj[d] += pd * doi[d];
                     }
                 }
             }
         }
+    }
     free_scratch(&s);
     return FLASHC_OK;
 }
@@ -295,4 +357,6 @@ const flashc_backend_ops flashc_reference_backend_ops = {
     .forward = ref_forward,
     .backward = ref_backward,
     .backward_workspace_size = ref_workspace_size,
+    .features = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
+                FLASHC_FEATURE_VARLEN | FLASHC_FEATURE_DROPOUT,
 };

@@ -1,13 +1,16 @@
 /*
  * test_validation.c - every entry point on bad input: each mistake gets its own status and a
  * message that names the argument, and no output buffer is touched (each is compared byte
- * for byte with a snapshot taken before the call).
+ * for byte with a snapshot taken before the call). The feature parameters (window, softcap,
+ * ALiBi, varlen offsets, dropout) each get their range errors, and a backend that lacks a
+ * feature must refuse it with FLASHC_ERROR_UNSUPPORTED.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
+#include "../../src/api_internal.h"
 
 static flashc_backend *be;
 static test_tensor tq, tk, tv, to, tlse, tdo, tdq, tdk, tdv;
@@ -164,6 +167,25 @@ static void tensor_errors(void)
     BWD("dv rows overlap", a.dv.stride[1] = 0, FLASHC_ERROR_INVALID_STRIDE, "dv");
 }
 
+/* The CPU backend's handle with a copy of its table that claims no features: what a backend
+ * written before the features (the CUDA one today) looks like to api.c. */
+static flashc_backend_ops featureless_ops;
+
+static flashc_backend *make_featureless_backend(void)
+{
+    flashc_backend *b = NULL;
+    CHECK(flashc_backend_create("cpu", NULL, &b) == FLASHC_OK, "cpu backend");
+    featureless_ops = *b->ops;
+    featureless_ops.features = 0;
+    b->ops = &featureless_ops;
+    return b;
+}
+
+static void destroy_featureless_backend(flashc_backend *b)
+{
+    flashc_backend_destroy(b);
+}
+
 static void param_errors(void)
 {
     BOTH("params NULL is the defaults", a.null_params = 1, FLASHC_OK, NULL);
@@ -173,15 +195,105 @@ static void param_errors(void)
          "softmax_scale");
     BOTH("causal 7", a.params.causal = 7, FLASHC_ERROR_INVALID_PARAM, "causal");
     BOTH("window -2", a.params.window_left = -2, FLASHC_ERROR_INVALID_PARAM, "window");
-    BOTH("window 16", a.params.window_left = 16, FLASHC_ERROR_UNSUPPORTED, "window");
+    BOTH("window 16", a.params.window_left = 16, FLASHC_OK, NULL);
+    BOTH("window right -3", a.params.window_right = -3, FLASHC_ERROR_INVALID_PARAM,
+         "window_right");
     BOTH("softcap negative", a.params.softcap = -1.0f, FLASHC_ERROR_INVALID_PARAM, "softcap");
-    BOTH("softcap 30", a.params.softcap = 30.0f, FLASHC_ERROR_UNSUPPORTED, "softcap");
-    static const float slopes[2] = {0.5f, 0.25f};
-    BOTH("alibi", a.params.alibi_slopes = slopes, FLASHC_ERROR_UNSUPPORTED, "alibi");
-    static const int32_t cu[2] = {0, 4};
-    BOTH("varlen", a.params.cu_seqlens_q = cu, FLASHC_ERROR_UNSUPPORTED, "cu_seqlens");
+    BOTH("softcap NaN", a.params.softcap = NAN, FLASHC_ERROR_INVALID_PARAM, "softcap");
+    BOTH("softcap inf", a.params.softcap = INFINITY, FLASHC_ERROR_INVALID_PARAM, "softcap");
+    BOTH("softcap 30", a.params.softcap = 30.0f, FLASHC_OK, NULL);
+    static const float slopes[4] = {0.5f, 0.25f, NAN, 0.125f};
+    BOTH("alibi", a.params.alibi_slopes = slopes, FLASHC_OK, NULL);
+    BOTH("alibi slope NaN", a.params.alibi_slopes = slopes + 1, FLASHC_ERROR_INVALID_PARAM,
+         "alibi_slopes[1]");
+    BOTH("alibi misaligned", a.params.alibi_slopes = (const float *)((const char *)slopes + 1),
+         FLASHC_ERROR_INVALID_POINTER, "alibi_slopes");
+    BOTH("alibi batch stride negative",
+         (a.params.alibi_slopes = slopes, a.params.alibi_slopes_batch_stride = -2),
+         FLASHC_ERROR_INVALID_PARAM, "alibi_slopes_batch_stride");
+    BOTH("alibi batch stride without slopes", a.params.alibi_slopes_batch_stride = 2,
+         FLASHC_ERROR_NULL_POINTER, "alibi_slopes");
+    static const int32_t cu_q[3] = {0, 1, 4}, cu_k[3] = {0, 2, 5};
+#define VARLEN_OK (a.params.cu_seqlens_q = cu_q, a.params.cu_seqlens_k = cu_k, a.params.num_seqs = 2)
+    BOTH("varlen", VARLEN_OK, FLASHC_OK, NULL);
+    BOTH("varlen max_seqlen given", (VARLEN_OK, a.params.max_seqlen_q = 3, a.params.max_seqlen_k = 9),
+         FLASHC_OK, NULL);
+    BOTH("varlen without cu_seqlens_k", (a.params.cu_seqlens_q = cu_q, a.params.num_seqs = 2),
+         FLASHC_ERROR_NULL_POINTER, "cu_seqlens_k");
+    BOTH("varlen without cu_seqlens_q", (a.params.cu_seqlens_k = cu_k, a.params.num_seqs = 2),
+         FLASHC_ERROR_NULL_POINTER, "cu_seqlens_q");
+    BOTH("varlen num_seqs 0", (VARLEN_OK, a.params.num_seqs = 0), FLASHC_ERROR_INVALID_PARAM,
+         "num_seqs");
+    BOTH("num_seqs without cu_seqlens", a.params.num_seqs = 2, FLASHC_ERROR_INVALID_PARAM,
+         "num_seqs");
+    BOTH("max_seqlen without cu_seqlens", a.params.max_seqlen_k = 5, FLASHC_ERROR_INVALID_PARAM,
+         "max_seqlen_k");
+    BOTH("max_seqlen negative", (VARLEN_OK, a.params.max_seqlen_q = -1),
+         FLASHC_ERROR_INVALID_PARAM, "max_seqlen_q");
+    BOTH("max_seqlen_q below the longest", (VARLEN_OK, a.params.max_seqlen_q = 2),
+         FLASHC_ERROR_INVALID_PARAM, "max_seqlen_q");
+    static const int32_t cu_first1[3] = {1, 2, 4}, cu_down[4] = {0, 3, 2, 4},
+                         cu_short[3] = {0, 1, 3}, cu_past[3] = {0, 6, 4}, cu_k_short[3] = {0, 2, 4};
+    BOTH("cu_seqlens_q not from 0", (VARLEN_OK, a.params.cu_seqlens_q = cu_first1),
+         FLASHC_ERROR_INVALID_PARAM, "cu_seqlens_q[0]");
+    BOTH("cu_seqlens_q decreasing",
+         (VARLEN_OK, a.params.cu_seqlens_q = cu_down, a.params.cu_seqlens_k = cu_down,
+          a.params.num_seqs = 3),
+         FLASHC_ERROR_INVALID_PARAM, "cu_seqlens_q[2]");
+    BOTH("cu_seqlens_q last below the total", (VARLEN_OK, a.params.cu_seqlens_q = cu_short),
+         FLASHC_ERROR_INVALID_PARAM, "cu_seqlens_q[num_seqs]");
+    BOTH("cu_seqlens_q past the total", (VARLEN_OK, a.params.cu_seqlens_q = cu_past),
+         FLASHC_ERROR_INVALID_PARAM, "cu_seqlens_q[1]");
+    BOTH("cu_seqlens_k last below the total", (VARLEN_OK, a.params.cu_seqlens_k = cu_k_short),
+         FLASHC_ERROR_INVALID_PARAM, "cu_seqlens_k[num_seqs]");
+    BOTH("cu_seqlens_k misaligned",
+         (VARLEN_OK, a.params.cu_seqlens_k = (const int32_t *)((const char *)cu_k + 2)),
+         FLASHC_ERROR_INVALID_POINTER, "cu_seqlens_k");
+    BOTH("alibi per sequence with varlen",
+         (VARLEN_OK, a.params.alibi_slopes = slopes, a.params.alibi_slopes_batch_stride = 1),
+         FLASHC_ERROR_INVALID_PARAM, "alibi_slopes[2]");
     BOTH("dropout 1.5", a.params.dropout_p = 1.5f, FLASHC_ERROR_INVALID_PARAM, "dropout_p");
-    BOTH("dropout 0.1", a.params.dropout_p = 0.1f, FLASHC_ERROR_UNSUPPORTED, "dropout_p");
+    BOTH("dropout 1", a.params.dropout_p = 1.0f, FLASHC_ERROR_INVALID_PARAM, "dropout_p");
+    BOTH("dropout NaN", a.params.dropout_p = NAN, FLASHC_ERROR_INVALID_PARAM, "dropout_p");
+    BOTH("dropout 0.1", a.params.dropout_p = 0.1f, FLASHC_OK, NULL);
+    BOTH("all features",
+         (VARLEN_OK, a.params.window_left = 1, a.params.causal = FLASHC_CAUSAL_BOTTOM_RIGHT,
+          a.params.softcap = 5, a.params.alibi_slopes = slopes, a.params.dropout_p = 0.5f),
+         FLASHC_OK, NULL);
+
+    /* a backend that implements none of the features rejects each one, naming it */
+    flashc_backend *plain = make_featureless_backend();
+    BOTH("no window support", (a.backend = plain, a.params.window_right = 0),
+         FLASHC_ERROR_UNSUPPORTED, "window");
+    BOTH("no softcap support", (a.backend = plain, a.params.softcap = 1), FLASHC_ERROR_UNSUPPORTED,
+         "softcap");
+    BOTH("no alibi support", (a.backend = plain, a.params.alibi_slopes = slopes),
+         FLASHC_ERROR_UNSUPPORTED, "alibi_slopes");
+    BOTH("no varlen support", (a.backend = plain, VARLEN_OK), FLASHC_ERROR_UNSUPPORTED,
+         "cu_seqlens");
+    BOTH("no dropout support", (a.backend = plain, a.params.dropout_p = 0.1f),
+         FLASHC_ERROR_UNSUPPORTED, "dropout_p");
+    BOTH("no support, plain call", a.backend = plain, FLASHC_OK, NULL);
+    destroy_featureless_backend(plain);
+
+    /* a varlen batch is packed into batch 1 */
+    {
+        flashc_params p;
+        flashc_params_init(&p);
+        p.cu_seqlens_q = cu_q;
+        p.cu_seqlens_k = cu_k;
+        p.num_seqs = 2;
+        flashc_tensor q2 = tq.t, k2 = tk.t;
+        q2.shape[0] = k2.shape[0] = 2;
+        q2.stride[0] = k2.stride[0] = 0;
+        size_t bytes = 0;
+        flashc_status st = flashc_backward_workspace_size(be, &p, &q2, &k2, &bytes);
+        CHECK(st == FLASHC_ERROR_SHAPE_MISMATCH && strstr(flashc_last_error(), "batch"),
+              "varlen with batch 2: %s (%s)", flashc_status_string(st), flashc_last_error());
+        st = flashc_backward_workspace_size(be, &p, &tq.t, &tk.t, &bytes);
+        CHECK(st == FLASHC_OK, "varlen workspace query: %s", flashc_last_error());
+    }
+#undef VARLEN_OK
     BOTH("workspace NULL with a size", a.params.workspace_size = 64, FLASHC_ERROR_NULL_POINTER,
          "workspace");
     BWD("workspace overlaps q", (a.params.workspace = tq.buffer, a.params.workspace_size = 4096),
