@@ -1,0 +1,514 @@
+/*
+ * fwd_sm90.cu - the FlashAttention forward for Hopper (sm_90a): warp specialization, a TMA +
+ * mbarrier pipeline for K and V, and wgmma for both products. Build for
+ * -gencode=arch=compute_90a,code=sm_90a (wgmma and setmaxnreg exist only on the "a" target).
+ *
+ * One CTA = 3 warpgroups (384 threads) computes BM = 128 query rows of one (batch, query head):
+ *
+ *   warpgroup 0, producer: gives its registers away (setmaxnreg.dec to 24); one elected thread
+ *     loads Q once, then walks the key blocks from the last one any row sees down to the
+ *     first, loading K_j and V_j by TMA into a STAGES-deep ring. Each stage has a "full"
+ *     mbarrier (TMA transaction bytes) and an "empty" one (one arrival per consumer).
+ *   warpgroups 1 and 2, consumers: take the registers (setmaxnreg.inc to 240) and own 64 query
+ *     rows each. Per key block j, in a two-stage software pipeline:
+ *         issue S_j = Q K_j^T       (wgmma SS: Q and K from swizzled shared memory)
+ *         issue O += P_{j-1} V_{j-1} (wgmma RS: P from registers, V from shared memory)
+ *         wait for S_j; release K_j; mask; online softmax in the log2 domain (one FFMA + EX2
+ *         per score, scale folded into the exponent)
+ *         wait for the PV product; release V_{j-1}; rescale O; pack P_j to 16 bits
+ *     so the exponentials of block j overlap the P V product of block j-1. The two consumers
+ *     also take turns issuing their GEMMs (a pair of named barriers, "ping-pong"), so one
+ *     warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+ *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of the Q tile (in
+ *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; LSE is stored
+ *     directly. A row that sees no key gets O = 0, LSE = -inf.
+ *
+ * Blocks are walked from the last key block down, so the blocks that need a mask (the partial
+ * last one, the ones crossing the causal diagonal) come first; the rest run without one. TMA
+ * zero-fills key rows past seqlen_k (the seqlen dimension of the tensor map bounds them), so
+ * a partial block brings zeros, which the mask then removes. Causal tiles are launched longest
+ * first (m-blocks reversed).
+ *
+ * The tensors reach the kernel as one 4-D tensor map each, {head_dim, seqlen, heads, batch}
+ * with the caller's strides, 128-byte swizzle, boxes of 64 columns: any strided view whose rows
+ * are 16-byte aligned works without a copy.
+ *
+ * Status: compiles for sm_90a; never run on hardware yet (docs/HOPPER_PLAN.md).
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fwd_sm90.h"
+#include "sm90_ptx.cuh"
+
+/* What the kernel needs besides the tensor maps. */
+typedef struct sm90_fwd_params {
+    float *lse;
+    int64_t lse_sb, lse_sh, lse_ss;
+    int seqlen_q, seqlen_k, group;
+    int causal;        /* nonzero: query i sees key j when j <= i + causal_offset */
+    int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
+    float scale_log2;  /* softmax scale * log2(e), > 0 */
+} sm90_fwd_params;
+
+#define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
+#define SM90_THREADS 384    /* producer warpgroup + 2 consumer warpgroups */
+#define SM90_PRODUCER_REGS 24
+#define SM90_CONSUMER_REGS 240 /* 128 x 24 + 256 x 240 = 64,512 of 65,536 */
+
+/* Named barriers: 0 is __syncthreads; 1 and 2 order the consumers' GEMM issue (ping-pong);
+ * 3 and 4 gather one consumer before its O store. */
+#define SM90_BAR_SCHED0 1
+#define SM90_BAR_EPI0 3
+
+/* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
+ * ring, then the V ring, then the mbarriers. */
+template <int D, int BN, int STAGES>
+struct sm90_fwd_layout {
+    static constexpr int PANELS = D / 64;
+    static constexpr uint32_t Q_BYTES = SM90_BM * D * 2;
+    static constexpr uint32_t KV_BYTES = BN * D * 2;
+    static constexpr uint32_t K_OFF = Q_BYTES;
+    static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
+    static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
+    static constexpr uint32_t BARS = 1 + 4 * STAGES;
+    /* + 1024: the dynamic shared-memory base is only 16-byte aligned */
+    static constexpr uint32_t TOTAL = BAR_OFF + BARS * 8 + 1024;
+};
+
+/* Row max and sum of one accumulator row pair, folded into the running state; s becomes
+ * exp2(s * scale_log2 - max). m is the running max in the log2 domain (-inf until a key is
+ * seen), l the thread-local part of the running sum. Returns nothing; corr[hr] is the factor
+ * by which O must be rescaled. */
+template <int BN>
+static __device__ __forceinline__ void sm90_online_softmax(float (&s)[BN / 2], float (&m)[2],
+                                                           float (&l)[2], float (&corr)[2],
+                                                           float scale_log2)
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++)
+            if (((j >> 1) & 1) == hr) mx = fmaxf(mx, s[j]);
+        mx = sm90_quad_max(mx);
+        const float m_new = fmaxf(m[hr], mx * scale_log2);
+        /* A row with no key seen yet keeps max -inf; subtract 0 instead so that exp2 gives
+         * 0, not NaN ((-inf) - (-inf)). */
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        corr[hr] = sm90_exp2(m[hr] - m_use);
+        m[hr] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++)
+            if (((j >> 1) & 1) == hr) {
+                const float p = sm90_exp2(fmaf(s[j], scale_log2, -m_use));
+                s[j] = p;
+                sum += p;
+            }
+        l[hr] = l[hr] * corr[hr] + sum; /* quad-partial until the end */
+    }
+}
+
+/* Sets to -inf the scores of keys that row r (two per thread) does not see. */
+template <int BN>
+static __device__ __forceinline__ void sm90_mask(float (&s)[BN / 2], int n0, int row0,
+                                                 const sm90_fwd_params &p, int lane)
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = row0 + 8 * hr;
+        int key_end = p.seqlen_k;
+        if (p.causal) key_end = min(key_end, row + p.causal_offset + 1);
+        const int lim = key_end - n0 - 2 * (lane & 3); /* column index bound in this block */
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++)
+            if (((j >> 1) & 1) == hr) {
+                const int c = 8 * (j >> 2) + (j & 1);
+                if (c >= lim) s[j] = -INFINITY;
+            }
+    }
+}
+
+template <int BN, int BF16>
+static __device__ __forceinline__ void sm90_pack_p(uint32_t (&pf)[BN / 16][4],
+                                                   const float (&s)[BN / 2])
+{
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) pf[kk][r] = sm90_pack2<BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+/* Issues S = Q_wg K^T over the head dim, D / 16 wgmmas, as one commit group. */
+template <int D, int BN, int BF16>
+static __device__ __forceinline__ void sm90_issue_qk(float (&s)[BN / 2], uint32_t q_rows,
+                                                     uint32_t k_tile)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t koff = (kk & 3) * 32;
+        const uint64_t da = sm90_desc_kmajor(q_rows + (kk >> 2) * (SM90_BM * 128) + koff);
+        const uint64_t db = sm90_desc_kmajor(k_tile + (kk >> 2) * (BN * 128) + koff);
+        sm90_wgmma_ss<BN, BF16, 0>(s, da, db, kk > 0);
+    }
+    sm90_wgmma_commit();
+}
+
+/* Issues O += P V over the BN keys of the block, BN / 16 wgmmas, as one commit group. */
+template <int D, int BN, int BF16>
+static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
+                                                     const uint32_t (&pf)[BN / 16][4],
+                                                     uint32_t v_tile)
+{
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        const uint64_t db = sm90_desc_mnmajor(v_tile + kk * 16 * 128, BN * 128);
+        sm90_wgmma_rs<D, BF16, 1>(o, pf[kk], db, 1);
+    }
+    sm90_wgmma_commit();
+}
+
+template <int D, int BN, int STAGES, int BF16>
+__global__ void __launch_bounds__(SM90_THREADS, 1)
+fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+                   const sm90_fwd_params p)
+{
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef sm90_fwd_layout<D, BN, STAGES> L;
+    constexpr int BM = SM90_BM;
+    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = sm90_smem_addr(smem_raw);
+    uint8_t *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+    const uint32_t sbase = sm90_smem_addr(smem);
+    const uint32_t sQ = sbase;
+    uint64_t *bars = (uint64_t *)(smem + L::BAR_OFF);
+    uint64_t *q_full = bars;
+    uint64_t *k_full = bars + 1, *k_empty = bars + 1 + STAGES;
+    uint64_t *v_full = bars + 1 + 2 * STAGES, *v_empty = bars + 1 + 3 * STAGES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    const int m_block = p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const int m0 = m_block * BM;
+
+    /* Key blocks any row of this CTA sees: [0, n_blocks). Producer and consumers compute the
+     * same count, which is what keeps the pipeline's phases in step. */
+    int n_end = p.seqlen_k;
+    if (p.causal) n_end = min(n_end, min(m0 + BM, p.seqlen_q) - 1 + p.causal_offset + 1);
+    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+
+    if (tid == 0) {
+        sm90_mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            sm90_mbar_init(&k_full[s], 1);
+            sm90_mbar_init(&v_full[s], 1);
+            sm90_mbar_init(&k_empty[s], 2); /* one arrival per consumer warpgroup */
+            sm90_mbar_init(&v_empty[s], 2);
+        }
+        sm90_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---------------- producer ---------------- */
+        sm90_setmaxnreg_dec<SM90_PRODUCER_REGS>();
+        if (warp == 0 && sm90_elect_one()) {
+            sm90_tma_prefetch_desc(&tm_q);
+            sm90_tma_prefetch_desc(&tm_k);
+            sm90_tma_prefetch_desc(&tm_v);
+            if (n_blocks > 0) {
+                sm90_mbar_arrive_expect_tx(q_full, L::Q_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < L::PANELS; pn++)
+                    sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, m0, h, b);
+                int s = 0;
+                uint32_t ph = 0;
+                for (int i = 0; i < n_blocks; i++) {
+                    const int n0 = (n_blocks - 1 - i) * BN;
+                    const uint32_t kt = sbase + L::K_OFF + s * L::KV_BYTES;
+                    const uint32_t vt = sbase + L::V_OFF + s * L::KV_BYTES;
+                    sm90_mbar_wait(&k_empty[s], ph ^ 1);
+                    sm90_mbar_arrive_expect_tx(&k_full[s], L::KV_BYTES);
+#pragma unroll
+                    for (int pn = 0; pn < L::PANELS; pn++)
+                        sm90_tma_load_4d(kt + pn * (BN * 128), &tm_k, &k_full[s], pn * 64, n0, hk, b);
+                    sm90_mbar_wait(&v_empty[s], ph ^ 1);
+                    sm90_mbar_arrive_expect_tx(&v_full[s], L::KV_BYTES);
+#pragma unroll
+                    for (int pn = 0; pn < L::PANELS; pn++)
+                        sm90_tma_load_4d(vt + pn * (BN * 128), &tm_v, &v_full[s], pn * 64, n0, hk, b);
+                    if (++s == STAGES) s = 0, ph ^= 1;
+                }
+            }
+        }
+        /* The other producer threads have nothing to do; they leave (no barrier below counts
+         * them). */
+    } else {
+        /* ---------------- consumers ---------------- */
+        sm90_setmaxnreg_inc<SM90_CONSUMER_REGS>();
+        const int cw = wg - 1;             /* consumer index 0 / 1 */
+        const int t = tid - 128 * wg;      /* thread within the warpgroup */
+        const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
+        const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
+        const uint32_t q_rows = sQ + cw * 64 * 128;
+        const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw ^ 1);
+
+        float o[D / 2];
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) o[j] = 0.f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+        if (n_blocks > 0) {
+            float s[BN / 2];
+            uint32_t pf[BN / 16][4];
+            float corr[2];
+            /* Whether a block needs the mask: it reaches past seqlen_k or crosses the causal
+             * diagonal of this warpgroup's first row. */
+#define SM90_NEED_MASK(n0_) \
+    ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset))
+
+            if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
+            sm90_mbar_wait(q_full, 0);
+
+            /* First block: S only. */
+            int s_i = 0;
+            uint32_t ph = 0;
+            int n0 = (n_blocks - 1) * BN;
+            sm90_mbar_wait(&k_full[0], 0);
+            sm90_bar_sync(my_bar, 256);
+            sm90_wgmma_fence();
+            sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF);
+            sm90_bar_arrive(other_bar, 256);
+            sm90_wgmma_wait<0>();
+            sm90_fence_regs(s);
+            if (t == 0) sm90_mbar_arrive(&k_empty[0]);
+            if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+            sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+            sm90_pack_p<BN, BF16>(pf, s);
+
+            int pv_s = 0;
+            uint32_t pv_ph = 0;
+            for (int i = 1; i < n_blocks; i++) {
+                if (++s_i == STAGES) s_i = 0, ph ^= 1;
+                n0 -= BN;
+                sm90_mbar_wait(&k_full[s_i], ph);
+                sm90_mbar_wait(&v_full[pv_s], pv_ph);
+                sm90_bar_sync(my_bar, 256);
+                sm90_wgmma_fence();
+                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + s_i * L::KV_BYTES);
+                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + pv_s * L::KV_BYTES);
+                sm90_bar_arrive(other_bar, 256);
+                sm90_fence_regs(s);
+                sm90_fence_regs(o);
+                sm90_wgmma_wait<1>(); /* S is in; the P V product may still run */
+                sm90_fence_regs(s);
+                if (t == 0) sm90_mbar_arrive(&k_empty[s_i]);
+                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(o);
+                sm90_fence_regs(pf);
+                if (t == 0) sm90_mbar_arrive(&v_empty[pv_s]);
+#pragma unroll
+                for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
+                sm90_pack_p<BN, BF16>(pf, s);
+                pv_s = s_i;
+                pv_ph = ph;
+            }
+
+            /* Last block: P V only. Consumer 1 skips the hand-over, so that every arrival on a
+             * scheduling barrier meets a sync. */
+            sm90_mbar_wait(&v_full[pv_s], pv_ph);
+            sm90_bar_sync(my_bar, 256);
+            sm90_wgmma_fence();
+            sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + pv_s * L::KV_BYTES);
+            if (cw == 0) sm90_bar_arrive(other_bar, 256);
+            sm90_fence_regs(o);
+            sm90_wgmma_wait<0>();
+            sm90_fence_regs(o);
+            if (t == 0) sm90_mbar_arrive(&v_empty[pv_s]);
+#undef SM90_NEED_MASK
+        }
+
+        /* ---------------- epilogue ---------------- */
+        float inv[2], lse_v[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float sum = sm90_quad_sum(l[hr]);
+            inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
+            lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+        }
+        /* O in 16 bits into this warpgroup's 64 rows of the Q tile (its last reader, S = Q K^T,
+         * has retired), in the 128-byte-swizzled layout the O tensor map expects. */
+        const int lr = (warp & 3) * 16 + (lane >> 2); /* row within the warpgroup's 64 */
+#pragma unroll
+        for (int j = 0; j < D / 2; j += 2) {
+            const int hr = (j >> 1) & 1;
+            const int r = lr + 8 * hr;
+            const int col = 8 * (j >> 2) + 2 * (lane & 3);
+            const int pn = col >> 6, c = col & 63;
+            const uint32_t addr = q_rows + pn * (BM * 128) + r * 128 +
+                                  ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
+            const uint32_t v = sm90_pack2<BF16>(o[j] * inv[hr], o[j + 1] * inv[hr]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+        }
+        sm90_fence_proxy_async();
+        sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
+        if (t == 0 && wrow0 < p.seqlen_q) {
+#pragma unroll
+            for (int pn = 0; pn < L::PANELS; pn++)
+                sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, wrow0, h, b);
+            sm90_bulk_commit();
+        }
+        if ((lane & 3) == 0) {
+            float *lse = p.lse + b * p.lse_sb + h * p.lse_sh;
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                if (row0 + 8 * hr < p.seqlen_q) lse[(int64_t)(row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
+        }
+        /* The shared source must stay valid until the copy engine has read it. */
+        if (t == 0 && wrow0 < p.seqlen_q) sm90_bulk_wait_read();
+    }
+#endif
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+/* BN (keys per block) and pipeline stages per head dim. d64: 128-key blocks, S 64 + O 32 +
+ * P 32 registers per thread; d128: 128 x 128 (S 64 + O 64 + P 32); d256: 64-key blocks, O 128
+ * + S 32 + P 16 and 64 + 2 x 2 x 32 KB = 192 KB of shared memory. Starting points, to be
+ * tuned by measurement (FA3 uses 128 x 176 for d128 non-causal, 128 x 80 for d256, 192-row
+ * CTAs with three consumers for d64). */
+#define FC_SM90_FWD_CONFIGS(X) \
+    X(64, 128, 2)              \
+    X(128, 128, 2)             \
+    X(256, 64, 2)
+
+size_t fc_sm90_forward_smem_bytes(int head_dim)
+{
+#define X(D_, BN_, ST_) \
+    if (head_dim == D_) return sm90_fwd_layout<D_, BN_, ST_>::TOTAL;
+    FC_SM90_FWD_CONFIGS(X)
+#undef X
+    return 0;
+}
+
+static int stride_ok(int64_t stride, int64_t extent)
+{
+    /* a dimension of one element is never stepped along: its stride does not matter */
+    if (extent <= 1) return 1;
+    return stride > 0 && stride % 8 == 0 && stride < (1ll << 39);
+}
+
+int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_minor,
+                              size_t smem_optin)
+{
+    if (sm_major != 9 || sm_minor != 0) return 0; /* sm_90a code runs on 9.0 only */
+    const size_t need = fc_sm90_forward_smem_bytes(a->head_dim);
+    if (need == 0 || need > smem_optin) return 0;
+    if (!(a->scale > 0.f) || !isfinite(a->scale)) return 0; /* the row max is taken unscaled */
+    if (a->causal < 0 || a->causal > 2) return 0;
+    if (a->batch < 0 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
+    if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
+    if (a->seqlen_q < 0 || a->seqlen_k < 0 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000)
+        return 0;
+    const void *ptrs[4] = {a->q, a->k, a->v, a->o};
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)ptrs[i] % 16 != 0) return 0; /* TMA needs 16-byte aligned tensors */
+    if (!stride_ok(a->q_sb, a->batch) || !stride_ok(a->q_ss, a->seqlen_q) || !stride_ok(a->q_sh, a->heads_q) ||
+        !stride_ok(a->k_sb, a->batch) || !stride_ok(a->k_ss, a->seqlen_k) || !stride_ok(a->k_sh, a->heads_kv) ||
+        !stride_ok(a->v_sb, a->batch) || !stride_ok(a->v_ss, a->seqlen_k) || !stride_ok(a->v_sh, a->heads_kv) ||
+        !stride_ok(a->o_sb, a->batch) || !stride_ok(a->o_ss, a->seqlen_q) || !stride_ok(a->o_sh, a->heads_q))
+        return 0;
+    return 1;
+}
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point, so that nothing links
+ * libcuda directly. */
+static PFN_cuTensorMapEncodeTiled_v12000 sm90_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL; /* same value from any thread */
+    if (!fn) {
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+    }
+    return fn;
+}
+
+/* A 4-D map {head_dim, seqlen, heads, batch} over a [batch, seqlen, heads, head_dim] view,
+ * boxes of 64 columns x box_rows rows, 128-byte swizzle, zeros outside. Dimensions of one
+ * element get the dense stride (TMA wants every stride a positive multiple of 16 bytes). */
+static int sm90_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, int64_t seqlen,
+                       int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encoder();
+    if (!enc) return 0;
+    if (seqlen < 1) seqlen = 1; /* an empty key set is never loaded; keep the map valid */
+    if (batch < 1) batch = 1;
+    const int64_t dense_s = d, dense_h = d * seqlen, dense_b = d * seqlen * heads;
+    if (seqlen <= 1) ss = dense_s;
+    if (heads <= 1) sh = dense_h;
+    if (batch <= 1) sb = dense_b;
+    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
+    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    cuuint32_t estr[4] = {1, 1, 1, 1};
+    CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                     (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+template <int D, int BN, int STAGES, int BF16>
+static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, cudaStream_t stream)
+{
+    CUtensorMap tq, tk, tv, to;
+    if (!sm90_encode(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
+                     SM90_BM) ||
+        !sm90_encode(&tk, a->k, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
+        !sm90_encode(&tv, a->v, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
+        !sm90_encode(&to, a->o, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
+        return cudaErrorInvalidValue;
+    const uint32_t smem = sm90_fwd_layout<D, BN, STAGES>::TOTAL;
+    cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+    dim3 grid((a->seqlen_q + SM90_BM - 1) / SM90_BM, (unsigned)a->heads_q, (unsigned)a->batch);
+    fc_sm90_fwd_kernel<D, BN, STAGES, BF16><<<grid, SM90_THREADS, smem, stream>>>(tq, tk, tv, to, *p);
+    return cudaGetLastError();
+}
+
+cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
+{
+    if (a->batch == 0 || a->seqlen_q == 0) return cudaSuccess; /* nothing to write */
+    sm90_fwd_params p;
+    memset(&p, 0, sizeof p);
+    p.lse = a->lse;
+    p.lse_sb = a->lse_sb, p.lse_sh = a->lse_sh, p.lse_ss = a->lse_ss;
+    p.seqlen_q = a->seqlen_q;
+    p.seqlen_k = a->seqlen_k;
+    p.group = a->heads_q / a->heads_kv;
+    p.causal = a->causal != 0;
+    p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
+    p.scale_log2 = a->scale * 1.4426950408889634f;
+#define X(D_, BN_, ST_)                                                       \
+    if (a->head_dim == D_)                                                    \
+        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1>(a, &p, stream)          \
+                       : sm90_launch<D_, BN_, ST_, 0>(a, &p, stream);
+    FC_SM90_FWD_CONFIGS(X)
+#undef X
+    return cudaErrorInvalidValue;
+}
