@@ -278,63 +278,81 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
             sm90_mbar_wait(q_full, 0);
 
-            /* First block: S only. */
-            int s_i = 0;
-            uint32_t ph = 0;
+            /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
+             * stage i % STAGES, filled for the (i / STAGES)-th time (the parity). */
+#define SM90_STAGE(i_) ((i_) % STAGES)
+#define SM90_PHASE(i_) ((uint32_t)(((i_) / STAGES) & 1))
+
+            /* Block 0: S only. */
             int n0 = (n_blocks - 1) * BN;
             sm90_mbar_wait(&k_full[0], 0);
             sm90_bar_sync(my_bar, 256);
             sm90_wgmma_fence();
             sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF);
             sm90_bar_arrive(other_bar, 256);
+            sm90_fence_regs(s);
             sm90_wgmma_wait<0>();
             sm90_fence_regs(s);
             if (t == 0) sm90_mbar_arrive(&k_empty[0]);
             if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
             sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-            sm90_pack_p<BN, BF16>(pf, s);
 
-            int pv_s = 0;
-            uint32_t pv_ph = 0;
             for (int i = 1; i < n_blocks; i++) {
-                if (++s_i == STAGES) s_i = 0, ph ^= 1;
-                n0 -= BN;
-                sm90_mbar_wait(&k_full[s_i], ph);
-                sm90_mbar_wait(&v_full[pv_s], pv_ph);
-                sm90_bar_sync(my_bar, 256);
-                sm90_wgmma_fence();
-                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + s_i * L::KV_BYTES);
-                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + pv_s * L::KV_BYTES);
-                sm90_bar_arrive(other_bar, 256);
-                sm90_fence_regs(s);
-                sm90_fence_regs(o);
-                sm90_wgmma_wait<1>(); /* S is in; the P V product may still run */
-                sm90_fence_regs(s);
-                if (t == 0) sm90_mbar_arrive(&k_empty[s_i]);
-                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
-                sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
+                 * previous iteration, overlapped with the softmax of block i-1), then rescale
+                 * O and pack P_{i-1} over the A registers that product was reading. Doing this
+                 * at the top of the loop, not right after the softmax, keeps the wait in
+                 * another basic block than the exponentials: in one block, ptxas hoists the
+                 * wait above them (to let the packs, which overwrite the registers the
+                 * in-flight product reads, interleave with the exponentials) and the overlap
+                 * is lost. */
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
-                if (t == 0) sm90_mbar_arrive(&v_empty[pv_s]);
+                if (i >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(i - 2)]);
 #pragma unroll
                 for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
                 sm90_pack_p<BN, BF16>(pf, s);
-                pv_s = s_i;
-                pv_ph = ph;
+
+                n0 -= BN;
+                sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
+                sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
+                sm90_bar_sync(my_bar, 256);
+                sm90_wgmma_fence();
+                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
+                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(i - 1) * L::KV_BYTES);
+                sm90_bar_arrive(other_bar, 256);
+                sm90_fence_regs(s);
+                sm90_fence_regs(o);
+                sm90_fence_regs(pf);
+                sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
+                sm90_fence_regs(s);
+                if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
+                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
             }
 
-            /* Last block: P V only. Consumer 1 skips the hand-over, so that every arrival on a
-             * scheduling barrier meets a sync. */
-            sm90_mbar_wait(&v_full[pv_s], pv_ph);
-            sm90_bar_sync(my_bar, 256);
-            sm90_wgmma_fence();
-            sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + pv_s * L::KV_BYTES);
-            if (cw == 0) sm90_bar_arrive(other_bar, 256);
-            sm90_fence_regs(o);
+            /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
+             * so that every arrival on a scheduling barrier meets a sync. */
             sm90_wgmma_wait<0>();
             sm90_fence_regs(o);
-            if (t == 0) sm90_mbar_arrive(&v_empty[pv_s]);
+            sm90_fence_regs(pf);
+            if (n_blocks >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 2)]);
+#pragma unroll
+            for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
+            sm90_pack_p<BN, BF16>(pf, s);
+            sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
+            sm90_bar_sync(my_bar, 256);
+            sm90_wgmma_fence();
+            sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
+            if (cw == 0) sm90_bar_arrive(other_bar, 256);
+            sm90_fence_regs(o);
+            sm90_fence_regs(pf);
+            sm90_wgmma_wait<0>();
+            sm90_fence_regs(o);
+            if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 1)]);
+#undef SM90_STAGE
+#undef SM90_PHASE
 #undef SM90_NEED_MASK
         }
 
