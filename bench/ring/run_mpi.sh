@@ -24,7 +24,8 @@ cores=$(nproc)
     if [ "$cores" -lt 4 ]; then
         echo "**Caveat:** this machine has $cores cores, so 4 ranks oversubscribe it and 2 ranks at"
         echo "most use both cores: these rows show the cost of the ring (messages, merges,"
-        echo "more flashc calls), not the scaling of a machine with a core or a node per rank."
+        echo "more flashc calls), not the scaling of a machine with a core or a node per rank;"
+        echo "from 1 to 2 ranks the gain is mostly the second core, since each rank runs one thread."
         echo
     fi
     echo "| ranks | dtype | seqlen | batch | heads q/kv | dim | causal | fwd s | fwd GFLOP/s | bwd s | bwd GFLOP/s |"
