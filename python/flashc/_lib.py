@@ -308,7 +308,12 @@ def make_tensor(data_pointer, dtype, shape, strides):
 
 
 def make_params(softmax_scale=None, causal_mode=Causal.NONE, window_left=-1, window_right=-1,
-                softcap=0.0, deterministic=False, stream=None, workspace=None, workspace_size=0):
+                softcap=0.0, deterministic=False, stream=None, workspace=None, workspace_size=0,
+                alibi_slopes=None, alibi_slopes_batch_stride=0, dropout_p=0.0, dropout_seed=0,
+                dropout_offset=0, cu_seqlens_q=None, cu_seqlens_k=None, num_seqs=0,
+                max_seqlen_q=0, max_seqlen_k=0):
+    """A flashc_params. The pointer arguments (alibi_slopes: float32, cu_seqlens_q/k: int32)
+    are addresses; the caller keeps the memory alive through the call."""
     params = Params()
     flashc_params_init(ctypes.byref(params))
     if softmax_scale is not None:
@@ -328,6 +333,17 @@ def make_params(softmax_scale=None, causal_mode=Causal.NONE, window_left=-1, win
     params.stream = stream
     params.workspace = workspace
     params.workspace_size = int(workspace_size)
+    params.alibi_slopes = alibi_slopes
+    params.alibi_slopes_batch_stride = int(alibi_slopes_batch_stride)
+    params.dropout_p = float(dropout_p)
+    # the seed and offset are unsigned 64-bit in C; Python ints of either sign wrap
+    params.dropout_seed = int(dropout_seed) & 0xFFFFFFFFFFFFFFFF
+    params.dropout_offset = int(dropout_offset) & 0xFFFFFFFFFFFFFFFF
+    params.cu_seqlens_q = cu_seqlens_q
+    params.cu_seqlens_k = cu_seqlens_k
+    params.num_seqs = int(num_seqs)
+    params.max_seqlen_q = int(max_seqlen_q or 0)
+    params.max_seqlen_k = int(max_seqlen_k or 0)
     return params
 
 

@@ -117,8 +117,84 @@ def _host_backend(backend, num_threads):
     return backend
 
 
+class _Features:
+    """The feature arguments shared by forward() and backward(), turned into make_params
+    keywords; the arrays it makes must outlive the call, so it holds them."""
+
+    def __init__(self, batch, heads_q, window_size, softcap, alibi_slopes, dropout_p,
+                 dropout_seed, dropout_offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k):
+        window_left, window_right = (int(w) for w in window_size)
+        self.keywords = dict(window_left=window_left, window_right=window_right,
+                             softcap=float(softcap), dropout_p=float(dropout_p),
+                             dropout_seed=int(dropout_seed), dropout_offset=int(dropout_offset))
+        self.varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        self._keep = []
+        if self.varlen:
+            if cu_seqlens_q is None or cu_seqlens_k is None:
+                raise FlashcError(Status.ERROR_NULL_POINTER,
+                                  "cu_seqlens_q and cu_seqlens_k: a variable-length batch "
+                                  "needs both")
+            cu_q = self._contiguous(cu_seqlens_q, np.int32, "cu_seqlens_q")
+            cu_k = self._contiguous(cu_seqlens_k, np.int32, "cu_seqlens_k")
+            if cu_q.ndim != 1 or cu_q.shape != cu_k.shape or cu_q.size < 2:
+                raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                                  "cu_seqlens_q/cu_seqlens_k: must be 1-d with the same "
+                                  "num_seqs + 1 >= 2 entries (shapes %s and %s)"
+                                  % (cu_q.shape, cu_k.shape))
+            batch = cu_q.size - 1
+            self.keywords.update(cu_seqlens_q=cu_q.ctypes.data, cu_seqlens_k=cu_k.ctypes.data,
+                                 num_seqs=batch, max_seqlen_q=max_seqlen_q or 0,
+                                 max_seqlen_k=max_seqlen_k or 0)
+        if alibi_slopes is not None:
+            slopes = self._contiguous(alibi_slopes, np.float32, "alibi_slopes")
+            if slopes.shape == (heads_q,):
+                stride = 0
+            elif slopes.shape == (batch, heads_q):
+                stride = heads_q
+            else:
+                raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                                  "alibi_slopes: shape %s; use [heads_q] = [%d] or [batch, "
+                                  "heads_q] = [%d, %d]" % (slopes.shape, heads_q, batch, heads_q))
+            self.keywords.update(alibi_slopes=slopes.ctypes.data,
+                                 alibi_slopes_batch_stride=stride)
+
+    def _contiguous(self, array, dtype, name):
+        array = np.ascontiguousarray(np.asarray(array), dtype=dtype)
+        self._keep.append(array)
+        return array
+
+
+def _packed(name, array, varlen):
+    """A varlen tensor [total, heads, head_dim] as the library's [1, total, heads, head_dim]."""
+    array = np.asarray(array)
+    if varlen:
+        if array.ndim != 3:
+            raise FlashcError(Status.ERROR_INVALID_SIZE,
+                              "%s: ndim is %d; a variable-length batch is 3-d [total_tokens, "
+                              "heads, head_dim]" % (name, array.ndim))
+        return array[None]
+    _check_attention_ndim(name, array)
+    return array
+
+
+_FEATURE_DOC = """
+    Features (flashc.h defines them exactly):
+    window_size: (left, right) sliding window around the diagonal, -1 = unbounded.
+    softcap: logit softcap, softcap * tanh(scaled score / softcap); 0 = off.
+    alibi_slopes: float32 [heads_q] or [batch, heads_q]; adds -slope * |i + off - j|.
+    dropout_p, dropout_seed, dropout_offset: dropout on P with the Philox generator; the
+        backward must get the same three values to regenerate the mask.
+    cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] prefix sums of the sequence lengths for a
+        variable-length batch; q, k, v (and dout, out) are then 3-d [total_tokens, heads,
+        head_dim] and lse is [heads_q, total_q]. max_seqlen_q/k: optional upper bounds.
+"""
+
+
 def forward(q, k, v, causal=False, softmax_scale=None, causal_mode="bottom_right", backend=None,
-            num_threads=None, out=None, lse=None):
+            num_threads=None, out=None, lse=None, window_size=(-1, -1), softcap=0.0,
+            alibi_slopes=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention forward on numpy arrays.
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim] with
@@ -129,47 +205,69 @@ def forward(q, k, v, causal=False, softmax_scale=None, causal_mode="bottom_right
     backend: "cpu" (the default), "reference" (float64, slow, exact) or a flashc.Backend.
     num_threads: CPU worker threads (None: FLASHC_NUM_THREADS or all cores).
     out, lse: optional arrays to write into.
-
     Returns (out, lse): out like q, lse float32 [batch, heads_q, seqlen_q] (natural log).
-    Raises FlashcError on invalid input.
+    Raises FlashcError on invalid input. The features are listed below.
     """
-    for name, array in (("q", q), ("k", k), ("v", v)):
-        _check_attention_ndim(name, np.asarray(array))
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    q, k, v = (_packed(name, x, varlen) for name, x in (("q", q), ("k", k), ("v", v)))
     q, q_t = _input("q", q)
     k, k_t = _input("k", k)
     v, v_t = _input("v", v)
     batch, seqlen_q, heads_q, _ = q.shape
+    features = _Features(batch, heads_q, window_size, softcap, alibi_slopes, dropout_p,
+                         dropout_seed, dropout_offset, cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q, max_seqlen_k)
+    if out is not None and varlen:
+        out = np.asarray(out)[None]
+    if lse is not None and varlen:
+        lse = np.asarray(lse)[None]
     out_o = _Output("out", out, q.shape, q.dtype)
     lse_o = _Output("lse", lse, (batch, heads_q, seqlen_q), np.float32, last_contiguous=False)
-    params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode))
+    params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode),
+                              **features.keywords)
     _lib.forward(_host_backend(backend, num_threads), params, q_t, k_t, v_t, out_o.tensor,
                  lse_o.tensor)
-    return out_o.finish(), lse_o.finish()
+    result, lse_result = out_o.finish(), lse_o.finish()
+    return (result[0], lse_result[0]) if varlen else (result, lse_result)
 
 
 def backward(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
              causal_mode="bottom_right", backend=None, num_threads=None, deterministic=False,
-             dq=None, dk=None, dv=None):
+             dq=None, dk=None, dv=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+             dropout_p=0.0, dropout_seed=0, dropout_offset=0, cu_seqlens_q=None,
+             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention backward on numpy arrays.
 
     dout: the gradient of out; q, k, v, out, lse: the forward's inputs and results; causal,
-    causal_mode and softmax_scale must be those of the forward.
+    causal_mode, softmax_scale and the features must be those of the forward.
     Returns (dq, dk, dv), shaped and typed like q, k and v; for GQA dk and dv are summed over
     the query heads sharing a key head. dq, dk, dv: optional arrays to write into.
     """
-    for name, array in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
-        _check_attention_ndim(name, np.asarray(array))
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    dout, q, k, v, out = (_packed(name, x, varlen) for name, x in
+                          (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
+    if varlen:
+        lse = np.asarray(lse)[None]
+        dq, dk, dv = (None if x is None else np.asarray(x)[None] for x in (dq, dk, dv))
     dout, dout_t = _input("dout", dout)
     q, q_t = _input("q", q)
     k, k_t = _input("k", k)
     v, v_t = _input("v", v)
     out, out_t = _input("out", out)
     lse, lse_t = _input("lse", lse, last_contiguous=False)
+    features = _Features(q.shape[0], q.shape[2], window_size, softcap, alibi_slopes, dropout_p,
+                         dropout_seed, dropout_offset, cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q, max_seqlen_k)
     dq_o = _Output("dq", dq, q.shape, q.dtype)
     dk_o = _Output("dk", dk, k.shape, k.dtype)
     dv_o = _Output("dv", dv, v.shape, v.dtype)
     params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode),
-                              deterministic=deterministic)
+                              deterministic=deterministic, **features.keywords)
     _lib.backward(_host_backend(backend, num_threads), params, dout_t, q_t, k_t, v_t, out_t,
                   lse_t, dq_o.tensor, dk_o.tensor, dv_o.tensor)
-    return dq_o.finish(), dk_o.finish(), dv_o.finish()
+    grads = dq_o.finish(), dk_o.finish(), dv_o.finish()
+    return tuple(g[0] for g in grads) if varlen else grads
+
+
+forward.__doc__ += _FEATURE_DOC
+backward.__doc__ += _FEATURE_DOC

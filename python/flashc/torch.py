@@ -2,6 +2,7 @@
 
     from flashc.torch import flash_attn_func, scaled_dot_product_attention
     out = flash_attn_func(q, k, v, causal=True)                   # [batch, seqlen, heads, dim]
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k)  # [total, heads, dim]
     out = scaled_dot_product_attention(q, k, v, is_causal=True)   # [batch, heads, seqlen, dim]
 
 The library is called through ctypes on the tensors' memory, so nothing is compiled against
@@ -17,13 +18,15 @@ gradients flow through the attention output only.
 """
 
 import math
+from typing import Optional
 
 import torch
 
 from . import _lib
 from ._lib import Causal, DType, FlashcError, Status
 
-__all__ = ["FlashAttnFunction", "flash_attn_func", "scaled_dot_product_attention"]
+__all__ = ["FlashAttnFunction", "flash_attn_func", "flash_attn_varlen_func",
+           "scaled_dot_product_attention"]
 
 _DTYPE_CODES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
 
@@ -131,28 +134,80 @@ class _DeviceCall:
 # -------------------------------------------------------------------------------------------
 
 
+def _feature_keywords(q, alibi_slopes, dropout_p, dropout_seed, dropout_offset, cu_seqlens_q,
+                      cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """make_params keywords for the features, and the tensors they point into (which must
+    live through the call). The pointers are handed to the library as they are: host
+    backends read them, a backend that lacks the feature refuses it before reading."""
+    keywords = dict(dropout_p=float(dropout_p), dropout_seed=int(dropout_seed),
+                    dropout_offset=int(dropout_offset))
+    keep = []
+    batch, _, heads_q, _ = q.shape
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise FlashcError(Status.ERROR_NULL_POINTER,
+                              "cu_seqlens_q and cu_seqlens_k: a variable-length batch needs both")
+        cu_q, cu_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
+        if cu_q.dim() != 1 or cu_q.shape != cu_k.shape or cu_q.numel() < 2:
+            raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                              "cu_seqlens_q/cu_seqlens_k: must be 1-d with the same num_seqs + 1"
+                              " >= 2 entries (shapes %s and %s)"
+                              % (tuple(cu_q.shape), tuple(cu_k.shape)))
+        batch = cu_q.numel() - 1
+        keep += [cu_q, cu_k]
+        keywords.update(cu_seqlens_q=cu_q.data_ptr(), cu_seqlens_k=cu_k.data_ptr(),
+                        num_seqs=batch, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(torch.float32).contiguous()
+        if tuple(slopes.shape) == (heads_q,):
+            stride = 0
+        elif tuple(slopes.shape) == (batch, heads_q):
+            stride = heads_q
+        else:
+            raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                              "alibi_slopes: shape %s; use [heads_q] = [%d] or [batch, heads_q]"
+                              " = [%d, %d]" % (tuple(slopes.shape), heads_q, batch, heads_q))
+        keep.append(slopes)
+        keywords.update(alibi_slopes=slopes.data_ptr(), alibi_slopes_batch_stride=stride)
+    return keywords, keep
+
+
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
                        causal_mode: int, window_left: int, window_right: int, softcap: float,
-                       deterministic: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                       deterministic: bool, backend: str,
+                       alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                       dropout_seed: int = 0, dropout_offset: int = 0,
+                       cu_seqlens_q: Optional[torch.Tensor] = None,
+                       cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+                       max_seqlen_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """out [b, sq, hq, d] (contiguous) and lse [b, hq, sq] float32 for q [b, sq, hq, d] and
-    k, v [b, sk, hkv, d]. deterministic is unused here; it rides along for the backward."""
+    k, v [b, sk, hkv, d]; a varlen batch comes as b = 1 with cu_seqlens_q/k. deterministic
+    is unused here; it rides along for the backward."""
     _check_attention_tensors((("q", q), ("k", k), ("v", v)))
     q, k, v = (_readable(t) for t in (q, k, v))
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    features, keep = _feature_keywords(q, alibi_slopes, dropout_p, dropout_seed, dropout_offset,
+                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     with _DeviceCall(q.device, backend) as call:
         params = _lib.make_params(softmax_scale, causal_mode, window_left, window_right, softcap,
-                                  stream=call.stream)
+                                  stream=call.stream, **features)
         _lib.forward(call.backend, params, _describe("q", q), _describe("k", k),
                      _describe("v", v), _describe("out", out), _describe("lse", lse))
+    del keep
     return out, lse
 
 
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, softmax_scale: float,
                         causal_mode: int, window_left: int, window_right: int, softcap: float,
-                        deterministic: bool, backend: str
+                        deterministic: bool, backend: str,
+                        alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                        dropout_seed: int = 0, dropout_offset: int = 0,
+                        cu_seqlens_q: Optional[torch.Tensor] = None,
+                        cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+                        max_seqlen_k: int = 0
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (contiguous, shaped like q, k, v) for the forward's inputs and results."""
     _check_attention_tensors((("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out)))
@@ -163,9 +218,11 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    features, keep = _feature_keywords(q, alibi_slopes, dropout_p, dropout_seed, dropout_offset,
+                                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     with _DeviceCall(q.device, backend) as call:
         params = _lib.make_params(softmax_scale, causal_mode, window_left, window_right, softcap,
-                                  deterministic=deterministic, stream=call.stream)
+                                  deterministic=deterministic, stream=call.stream, **features)
         q_t, k_t = _describe("q", q), _describe("k", k)
         # The scratch comes from torch's allocator (stream-ordered, and from the graph's pool
         # under CUDA graph capture) rather than from an allocation inside the library.
@@ -179,6 +236,7 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                       _describe("v", v), _describe("out", out), _describe("lse", lse),
                       _describe("dq", dq), _describe("dk", dk), _describe("dv", dv))
         del workspace
+    del keep
     return dq, dk, dv
 
 
@@ -202,14 +260,20 @@ if HAS_CUSTOM_OPS:
 
     @attention_forward_op.register_fake
     def _attention_forward_fake(q, k, v, softmax_scale, causal_mode, window_left, window_right,
-                                softcap, deterministic, backend):
+                                softcap, deterministic, backend, alibi_slopes=None,
+                                dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+                                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                                max_seqlen_k=0):
         batch, seqlen_q, heads_q, _ = q.shape
         return (q.new_empty(q.shape),
                 q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32))
 
     @attention_backward_op.register_fake
     def _attention_backward_fake(dout, q, k, v, out, lse, softmax_scale, causal_mode,
-                                 window_left, window_right, softcap, deterministic, backend):
+                                 window_left, window_right, softcap, deterministic, backend,
+                                 alibi_slopes=None, dropout_p=0.0, dropout_seed=0,
+                                 dropout_offset=0, cu_seqlens_q=None, cu_seqlens_k=None,
+                                 max_seqlen_q=0, max_seqlen_k=0):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def _setup_context(ctx, inputs, output):
@@ -232,15 +296,13 @@ else:  # older torch: plain calls, differentiable through FlashAttnFunction, not
 class FlashAttnFunction(torch.autograd.Function):
     """Attention as an autograd.Function over the two kernels:
     FlashAttnFunction.apply(q, k, v, softmax_scale, causal_mode, window_left, window_right,
-    softcap, deterministic, backend) -> (out, lse), in flash_attn's [b, s, h, d] layout.
-    flash_attn_func uses the custom op's own autograd formula instead where torch has custom
-    ops; both compute the same thing."""
+    softcap, deterministic, backend[, alibi_slopes, dropout_p, dropout_seed, dropout_offset,
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k]) -> (out, lse), in flash_attn's
+    [b, s, h, d] layout. flash_attn_func uses the custom op's own autograd formula instead
+    where torch has custom ops; both compute the same thing."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal_mode, window_left, window_right, softcap,
-                deterministic, backend):
-        options = (softmax_scale, causal_mode, window_left, window_right, softcap,
-                   deterministic, backend)
+    def forward(ctx, q, k, v, *options):
         out, lse = _forward_kernel(q, k, v, *options)
         _save_for_backward(ctx, q, k, v, out, lse, options)
         ctx.mark_non_differentiable(lse)
@@ -290,32 +352,80 @@ def _resolve_scale(softmax_scale, head_dim):
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
 
 
+def _dropout_seed(dropout_p, dropout_seed):
+    """The Philox seed: the caller's, or one drawn from torch's default generator (so that
+    torch.manual_seed makes a run reproducible). The backward reuses it from the saved
+    options, which is how it regenerates the same mask."""
+    if not dropout_p or dropout_seed is not None:
+        return int(dropout_seed or 0)
+    return int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, causal_mode="bottom_right", backend=None):
+                    return_attn_probs=False, *, causal_mode="bottom_right", backend=None,
+                    dropout_seed=None, dropout_offset=0):
     """flash_attn.flash_attn_func's signature and layout, computed by flashc.
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim],
     heads_q a multiple of heads_kv. Causal masking aligns to the bottom-right corner when
     seqlen_q != seqlen_k, as in flash_attn >= 2.1 (causal_mode="top_left" for SDPA's
-    convention). window_size and softcap go to the library, which rejects what its backend
-    does not implement; dropout and ALiBi are not implemented.
+    convention). window_size (left, right; -1 unbounded), softcap and alibi_slopes
+    (float32 [heads_q] or [batch, heads_q]) follow flash_attn's conventions (flashc.h gives
+    them exactly); the backend refuses what it does not implement.
+    dropout_p: dropout on the attention probabilities, from a counter-based generator keyed
+    by dropout_seed (None: drawn from torch's default generator) and dropout_offset, so the
+    backward regenerates the mask; the mask is flashc's own, not flash_attn's.
     backend: None for the tensors' device ("cpu" or "cuda"), or "reference".
     Returns out [batch, seqlen_q, heads_q, head_dim]; with return_attn_probs,
     (out, softmax_lse [batch, heads_q, seqlen_q], None): flashc never forms the
     probabilities.
     """
-    if dropout_p:
-        raise _unsupported("dropout_p=%r: attention dropout is not implemented in flashc yet; "
-                           "pass dropout_p=0.0" % (dropout_p,))
-    if alibi_slopes is not None:
-        raise _unsupported("alibi_slopes: ALiBi is not implemented in flashc yet")
     _check_attention_tensors((("q", q), ("k", k), ("v", v)), kernel=False)
     q, k, v = _autocast([q, k, v])
     window_left, window_right = (int(w) for w in window_size)
     out, lse = _attention(q, k, v, _resolve_scale(softmax_scale, q.shape[-1]),
                           int(_lib.causal_mode_of(causal, causal_mode)), window_left,
-                          window_right, float(softcap), bool(deterministic), backend or "")
+                          window_right, float(softcap), bool(deterministic), backend or "",
+                          alibi_slopes, float(dropout_p), _dropout_seed(dropout_p, dropout_seed),
+                          int(dropout_offset))
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, *,
+                           causal_mode="bottom_right", backend=None, dropout_seed=None,
+                           dropout_offset=0):
+    """flash_attn.flash_attn_varlen_func's signature, computed by flashc.
+
+    q: [total_q, heads_q, head_dim]; k, v: [total_k, heads_kv, head_dim], the sequences of
+    the batch packed one after another; cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] prefix
+    sums of their lengths (host memory for the CPU backend). Sequences of length 0 are
+    allowed. Causal masks, windows and ALiBi apply per sequence (bottom-right aligned per
+    sequence unless causal_mode="top_left"); alibi_slopes [batch, heads_q] is per sequence.
+    max_seqlen_q/k are optional upper bounds (checked). The other options are
+    flash_attn_func's. Returns out [total_q, heads_q, head_dim]; with return_attn_probs,
+    (out, softmax_lse [heads_q, total_q], None).
+    """
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3:
+            raise FlashcError(Status.ERROR_INVALID_SIZE,
+                              "%s: must be a 3-d [total_tokens, heads, head_dim] tensor" % name)
+    q, k, v = _autocast([q, k, v])
+    q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
+    _check_attention_tensors((("q", q4), ("k", k4), ("v", v4)), kernel=False)
+    window_left, window_right = (int(w) for w in window_size)
+    out, lse = _attention(q4, k4, v4, _resolve_scale(softmax_scale, q.shape[-1]),
+                          int(_lib.causal_mode_of(causal, causal_mode)), window_left,
+                          window_right, float(softcap), bool(deterministic), backend or "",
+                          alibi_slopes, float(dropout_p), _dropout_seed(dropout_p, dropout_seed),
+                          int(dropout_offset), cu_seqlens_q, cu_seqlens_k,
+                          int(max_seqlen_q or 0), int(max_seqlen_k or 0))
+    out, lse = out.squeeze(0), lse.squeeze(0)
     if return_attn_probs:
         return out, lse, None
     return out

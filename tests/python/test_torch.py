@@ -213,10 +213,7 @@ def expect_error(status, fragment, function, *args, **kwargs):
 
 def test_unsupported_options_are_refused():
     q, k, v, _ = sdpa_inputs(1, 2, 2, 8, 8, 16, "float32")
-    bshd = [x.transpose(1, 2) for x in (q, k, v)]
     unsupported = flashc.Status.ERROR_UNSUPPORTED
-    expect_error(unsupported, "dropout_p", ft.flash_attn_func, *bshd, dropout_p=0.1)
-    expect_error(unsupported, "alibi", ft.flash_attn_func, *bshd, alibi_slopes=torch.ones(2))
     expect_error(unsupported, "dropout_p", ft.scaled_dot_product_attention, q, k, v, dropout_p=0.5)
     expect_error(unsupported, "attn_mask", ft.scaled_dot_product_attention, q, k, v,
                  attn_mask=torch.ones(8, 8, dtype=torch.bool))
