@@ -1,0 +1,455 @@
+/*
+ * check_fwd_sm90.cu - standalone check and timing of the Hopper forward (src/cuda/hopper).
+ *
+ * Builds from the kernel's own files only (build.sh): no libflashc, no CMake. It
+ *   1. runs a wgmma layout probe: one warpgroup multiplies small tiles (two 64-column panels
+ *      each) written into shared memory in the 128-byte-swizzled layout, S = Q K^T through
+ *      K-major descriptors and O = P V through the register form and an MN-major descriptor,
+ *      against the CPU. When the
+ *      forward is wrong, this says whether the descriptors are;
+ *   2. runs the forward on random inputs of odd sizes (seqlen 1, 17, 1000, 4097; seqlen_q !=
+ *      seqlen_k; head dims 64, 128, 256; no mask, causal bottom-right and top-left; GQA 8:1;
+ *      a [batch, heads, seqlen, head_dim] strided view), with O and LSE poisoned with NaN
+ *      first, against a float64 CPU reference: relative error ||O - ref|| / ||ref|| at most
+ *      5e-4 for fp16 and 5e-3 for bf16, LSE within 1e-3 absolute (and -inf exactly where a row
+ *      sees no key);
+ *   3. times the kernel with CUDA events at the benchmark shapes (16k tokens, hidden 2048) and
+ *      prints TFLOP/s (4 * batch * heads * seqlen^2 * head_dim, halved when causal).
+ *
+ * Usage: check_fwd_sm90 [--check-only | --bench-only]. Exit status 0 when every check passed.
+ * A kernel that does not finish within 30 s is reported as a hang and the program exits 3.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../../src/cuda/hopper/fwd_sm90.h"
+#include "../../../src/cuda/hopper/sm90_ptx.cuh"
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+/* ---- host 16-bit conversions ------------------------------------------------------------- */
+
+static uint16_t to16(float x, int bf16)
+{
+    if (bf16) {
+        __nv_bfloat16 h = __float2bfloat16_rn(x);
+        uint16_t u;
+        memcpy(&u, &h, 2);
+        return u;
+    }
+    __half h = __float2half_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+static float from16(uint16_t u, int bf16)
+{
+    if (bf16) {
+        uint32_t w = (uint32_t)u << 16;
+        float f;
+        memcpy(&f, &w, 4);
+        return f;
+    }
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+
+/* Waits for the device with a time limit, so that a deadlocked pipeline is reported instead
+ * of hanging the run. */
+static void sync_or_die(const char *what)
+{
+    const time_t t0 = time(NULL);
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(0);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(e));
+            exit(2);
+        }
+        if (time(NULL) - t0 > 30) {
+            fprintf(stderr, "HANG %s: kernel did not finish in 30 s\n", what);
+            exit(3);
+        }
+    }
+}
+
+/* ---- 1. wgmma layout probe ----------------------------------------------------------------
+ * One warpgroup; Q [64][128], K [64 keys][128], V [64 keys][128], each two 128-byte-swizzled
+ * [64][64] panels (so the panel steps are exercised, not only the atoms). S = Q K^T (SS,
+ * K-major, N = 64, 8 k-steps over two panels), then P = bf16(S / 16) and O = P V (RS, V
+ * MN-major with LBO = the panel stride, N = 128). Writes S [64][64] and O [64][128] in fp32. */
+#define PR_D 128
+#define PR_PANEL 8192 /* bytes of one [64][64] panel */
+
+__device__ __forceinline__ uint32_t swz(int r, int c) /* byte offset of (r, c) in a tile */
+{
+    const int pn = c >> 6;
+    c &= 63;
+    return pn * PR_PANEL + r * 128 + ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
+}
+
+__global__ void __launch_bounds__(128, 1) probe_kernel(const uint16_t *q, const uint16_t *k,
+                                                       const uint16_t *v, float *s_out, float *o_out)
+{
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ __align__(1024) uint8_t sm[3 * 2 * PR_PANEL];
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    for (int i = t; i < 64 * PR_D; i += 128) {
+        const int r = i / PR_D, c = i % PR_D;
+        *(uint16_t *)(sm + swz(r, c)) = q[i];
+        *(uint16_t *)(sm + 2 * PR_PANEL + swz(r, c)) = k[i];
+        *(uint16_t *)(sm + 4 * PR_PANEL + swz(r, c)) = v[i];
+    }
+    sm90_fence_proxy_async(); /* ordinary stores, read next by the tensor core */
+    __syncthreads();
+    const uint32_t base = sm90_smem_addr(sm);
+    float s[32], o[64];
+    for (int j = 0; j < 64; j++) o[j] = 0.f;
+    sm90_wgmma_fence();
+    for (int kk = 0; kk < PR_D / 16; kk++) {
+        const uint32_t off = (kk >> 2) * PR_PANEL + (kk & 3) * 32;
+        sm90_wgmma_ss<64, 1, 0>(s, sm90_desc_kmajor(base + off), sm90_desc_kmajor(base + 2 * PR_PANEL + off),
+                                kk > 0);
+    }
+    sm90_wgmma_commit();
+    sm90_fence_regs(s);
+    sm90_wgmma_wait<0>();
+    sm90_fence_regs(s);
+    uint32_t pf[4][4];
+    for (int kk = 0; kk < 4; kk++)
+        for (int r = 0; r < 4; r++)
+            pf[kk][r] = sm90_pack2<1>(s[8 * kk + 2 * r] * 0.0625f, s[8 * kk + 2 * r + 1] * 0.0625f);
+    sm90_wgmma_fence();
+    for (int kk = 0; kk < 4; kk++)
+        sm90_wgmma_rs<128, 1, 1>(o, pf[kk], sm90_desc_mnmajor(base + 4 * PR_PANEL + kk * 2048, PR_PANEL), 1);
+    sm90_wgmma_commit();
+    sm90_fence_regs(o);
+    sm90_wgmma_wait<0>();
+    sm90_fence_regs(o);
+    for (int j = 0; j < 64; j++) {
+        const int row = 16 * warp + (lane >> 2) + 8 * ((j >> 1) & 1);
+        const int col = 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
+        if (j < 32) s_out[row * 64 + col] = s[j];
+        o_out[row * PR_D + col] = o[j];
+    }
+#endif
+}
+
+static int run_probe(void)
+{
+    enum { N = 64 * PR_D };
+    static uint16_t hq[N], hk[N], hv[N];
+    for (int i = 0; i < N; i++) {
+        hq[i] = to16(frand(), 1);
+        hk[i] = to16(frand(), 1);
+        hv[i] = to16(frand(), 1);
+    }
+    uint16_t *dq, *dk, *dv;
+    float *ds, *dout;
+    CK(cudaMalloc(&dq, N * 2));
+    CK(cudaMalloc(&dk, N * 2));
+    CK(cudaMalloc(&dv, N * 2));
+    CK(cudaMalloc(&ds, 64 * 64 * 4));
+    CK(cudaMalloc(&dout, N * 4));
+    CK(cudaMemcpy(dq, hq, N * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, hk, N * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, hv, N * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(ds, 0xff, 64 * 64 * 4));
+    CK(cudaMemset(dout, 0xff, N * 4));
+    probe_kernel<<<1, 128>>>(dq, dk, dv, ds, dout);
+    CK(cudaGetLastError());
+    sync_or_die("wgmma probe");
+    static float s[64 * 64], o[N], p[64 * 64];
+    CK(cudaMemcpy(s, ds, sizeof s, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o, dout, sizeof o, cudaMemcpyDeviceToHost));
+    double es = 0, ns = 0, eo = 0, no = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 64; j++) {
+            double acc = 0;
+            for (int c = 0; c < PR_D; c++) acc += (double)from16(hq[i * PR_D + c], 1) * from16(hk[j * PR_D + c], 1);
+            es += (s[i * 64 + j] - acc) * (s[i * 64 + j] - acc);
+            ns += acc * acc;
+            p[i * 64 + j] = from16(to16(s[i * 64 + j] * 0.0625f, 1), 1); /* what the kernel fed in */
+        }
+    for (int i = 0; i < 64; i++)
+        for (int c = 0; c < PR_D; c++) {
+            double acc = 0;
+            for (int j = 0; j < 64; j++) acc += (double)p[i * 64 + j] * from16(hv[j * PR_D + c], 1);
+            eo += (o[i * PR_D + c] - acc) * (o[i * PR_D + c] - acc);
+            no += acc * acc;
+        }
+    const double rs = sqrt(es / ns), ro = sqrt(eo / no);
+    const int ok = rs < 1e-5 && ro < 1e-5; /* fp32 accumulation of exact products */
+    printf("%s wgmma probe: S = Q K^T (SS, K-major, 2 panels) rel err %.2e; "
+           "O = P V (RS, MN-major V, 2 panels) rel err %.2e\n",
+           ok ? "PASS" : "FAIL", rs, ro);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(ds), cudaFree(dout);
+    return ok;
+}
+
+/* ---- 2. forward against the float64 reference --------------------------------------------- */
+
+typedef struct fcase {
+    int batch, sq, sk, hq, hkv, d, causal, bf16, bhsd;
+} fcase;
+
+static const char *causal_name(int c)
+{
+    return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
+}
+
+/* The last key query i sees, plus one (flashc_key_end). */
+static int key_end(const fcase *c, int i)
+{
+    if (c->causal == 0) return c->sk;
+    const int off = c->causal == 1 ? c->sk - c->sq : 0;
+    int e = i + off + 1;
+    return e < 0 ? 0 : (e > c->sk ? c->sk : e);
+}
+
+static int run_case(const fcase *c, const cudaDeviceProp *prop)
+{
+    const int B = c->batch, SQ = c->sq, SK = c->sk, HQ = c->hq, HK = c->hkv, D = c->d;
+    const size_t nq = (size_t)B * SQ * HQ * D, nk = (size_t)B * SK * HK * D;
+    uint16_t *hq = (uint16_t *)malloc(nq * 2), *hk = (uint16_t *)malloc(nk * 2),
+             *hv = (uint16_t *)malloc(nk * 2), *ho = (uint16_t *)malloc(nq * 2);
+    float *hl = (float *)malloc((size_t)B * HQ * SQ * 4);
+    /* element strides: BSHD unless the case asks for the [b, h, s, d] view */
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh;
+    if (c->bhsd) {
+        q_sb = (int64_t)HQ * SQ * D, q_sh = (int64_t)SQ * D, q_ss = D;
+        k_sb = (int64_t)HK * SK * D, k_sh = (int64_t)SK * D, k_ss = D;
+    } else {
+        q_sb = (int64_t)SQ * HQ * D, q_ss = (int64_t)HQ * D, q_sh = D;
+        k_sb = (int64_t)SK * HK * D, k_ss = (int64_t)HK * D, k_sh = D;
+    }
+    for (size_t i = 0; i < nq; i++) hq[i] = to16(frand(), c->bf16);
+    for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), c->bf16);
+    for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), c->bf16);
+
+    void *dq, *dk, *dv, *dout;
+    float *dl;
+    CK(cudaMalloc(&dq, nq * 2 + 16));
+    CK(cudaMalloc(&dk, nk * 2 + 16));
+    CK(cudaMalloc(&dv, nk * 2 + 16));
+    CK(cudaMalloc(&dout, nq * 2 + 16));
+    CK(cudaMalloc(&dl, (size_t)B * HQ * SQ * 4 + 16));
+    CK(cudaMemcpy(dq, hq, nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, hk, nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is a NaN in fp16 and bf16 */
+    CK(cudaMemset(dl, 0xff, (size_t)B * HQ * SQ * 4));
+
+    fc_sm90_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = dq, a.k = dk, a.v = dv, a.o = dout, a.lse = dl;
+    a.q_sb = q_sb, a.q_ss = q_ss, a.q_sh = q_sh;
+    a.k_sb = k_sb, a.k_ss = k_ss, a.k_sh = k_sh;
+    a.v_sb = k_sb, a.v_ss = k_ss, a.v_sh = k_sh;
+    a.o_sb = q_sb, a.o_ss = q_ss, a.o_sh = q_sh; /* O in the same layout as Q */
+    a.lse_sb = (int64_t)HQ * SQ, a.lse_sh = SQ, a.lse_ss = 1;
+    a.batch = B, a.seqlen_q = SQ, a.seqlen_k = SK, a.heads_q = HQ, a.heads_kv = HK, a.head_dim = D;
+    a.bf16 = c->bf16;
+    a.scale = 1.f / sqrtf((float)D);
+    a.causal = c->causal;
+
+    char name[200];
+    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s", B, SQ, SK, HQ, HK, D,
+             causal_name(c->causal), c->bf16 ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd");
+    if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+        printf("FAIL %s: not supported\n", name);
+        return 0;
+    }
+    CK(fc_sm90_forward(&a, 0));
+    sync_or_die(name);
+    CK(cudaMemcpy(ho, dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl, dl, (size_t)B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
+
+    /* float64 reference, row by row */
+    const double scale = 1.0 / sqrt((double)D);
+    double err2 = 0, ref2 = 0, lse_err = 0;
+    long nan_o = 0, bad_lse = 0;
+    double *sc = (double *)malloc((size_t)SK * 8), *acc = (double *)malloc((size_t)D * 8);
+    const int group = HQ / HK;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < HQ; h++) {
+            const int hk_ = h / group;
+            for (int i = 0; i < SQ; i++) {
+                const uint16_t *qr = hq + b * q_sb + i * q_ss + h * q_sh;
+                const uint16_t *orow = ho + b * q_sb + i * q_ss + h * q_sh;
+                const int e = key_end(c, i);
+                double mx = -INFINITY;
+                for (int j = 0; j < e; j++) {
+                    const uint16_t *kr = hk + b * k_sb + j * k_ss + hk_ * k_sh;
+                    double dot = 0;
+                    for (int x = 0; x < D; x++) dot += (double)from16(qr[x], c->bf16) * from16(kr[x], c->bf16);
+                    sc[j] = dot * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                double sum = 0;
+                for (int x = 0; x < D; x++) acc[x] = 0;
+                for (int j = 0; j < e; j++) {
+                    const double pj = exp(sc[j] - mx);
+                    sum += pj;
+                    const uint16_t *vr = hv + b * k_sb + j * k_ss + hk_ * k_sh;
+                    for (int x = 0; x < D; x++) acc[x] += pj * from16(vr[x], c->bf16);
+                }
+                for (int x = 0; x < D; x++) {
+                    const double ref = e > 0 ? acc[x] / sum : 0.0;
+                    const float got = from16(orow[x], c->bf16);
+                    if (isnan(got)) nan_o++;
+                    err2 += (got - ref) * (got - ref);
+                    ref2 += ref * ref;
+                }
+                const double lref = e > 0 ? mx + log(sum) : -INFINITY;
+                const float lgot = hl[(size_t)b * HQ * SQ + (size_t)h * SQ + i];
+                if (e == 0) {
+                    if (!(isinf(lgot) && lgot < 0)) bad_lse++;
+                } else if (!isfinite(lgot) || fabs(lgot - lref) > 1e-3) {
+                    bad_lse++;
+                } else if (fabs(lgot - lref) > lse_err) {
+                    lse_err = fabs(lgot - lref);
+                }
+            }
+        }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    const double tol = c->bf16 ? 5e-3 : 5e-4;
+    const int ok = nan_o == 0 && bad_lse == 0 && rel <= tol;
+    printf("%s %s: O rel err %.2e (tol %.0e), LSE max abs err %.2e, NaN in O %ld, bad LSE rows %ld\n",
+           ok ? "PASS" : "FAIL", name, rel, tol, lse_err, nan_o, bad_lse);
+    free(sc), free(acc), free(hq), free(hk), free(hv), free(ho), free(hl);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dl);
+    return ok;
+}
+
+/* ---- 3. timing --------------------------------------------------------------------------- */
+
+static void bench(const cudaDeviceProp *prop)
+{
+    printf("\nbench: 16k tokens, hidden 2048 (TFLOP/s = 4 b h s^2 d / t, halved when causal)\n");
+    printf("%-6s %-5s %-7s %6s %6s %6s %10s %10s\n", "dtype", "d", "causal", "seqlen", "batch", "heads",
+           "ms", "TFLOP/s");
+    const int dims[3] = {64, 128, 256};
+    const int seqs[4] = {2048, 4096, 8192, 16384};
+    void *buf[4];
+    const size_t bytes = (size_t)16384 * 2048 * 2;
+    for (int i = 0; i < 4; i++) {
+        CK(cudaMalloc(&buf[i], bytes));
+        CK(cudaMemset(buf[i], 0, bytes));
+    }
+    /* fill q, k, v with small random values so the exponentials are not degenerate */
+    {
+        uint16_t *h = (uint16_t *)malloc(bytes);
+        for (int i = 0; i < 3; i++) {
+            for (size_t e = 0; e < bytes / 2; e++) h[e] = to16(frand() * 0.5f, 1);
+            CK(cudaMemcpy(buf[i], h, bytes, cudaMemcpyHostToDevice));
+        }
+        free(h);
+    }
+    float *lse;
+    CK(cudaMalloc(&lse, (size_t)16384 * 32 * 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int bf16 = 1; bf16 >= 0; bf16--)
+        for (int di = 0; di < 3; di++)
+            for (int causal = 0; causal <= 1; causal++)
+                for (int si = 0; si < 4; si++) {
+                    const int D = dims[di], S = seqs[si], H = 2048 / D, B = 16384 / S;
+                    fc_sm90_fwd_args a;
+                    memset(&a, 0, sizeof a);
+                    a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.lse = lse;
+                    a.q_sb = a.k_sb = a.v_sb = a.o_sb = (int64_t)S * H * D;
+                    a.q_ss = a.k_ss = a.v_ss = a.o_ss = (int64_t)H * D;
+                    a.q_sh = a.k_sh = a.v_sh = a.o_sh = D;
+                    a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
+                    a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
+                    a.bf16 = bf16, a.scale = 1.f / sqrtf((float)D), a.causal = causal;
+                    if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+                        printf("%-6s %-5d %-7d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, S);
+                        continue;
+                    }
+                    for (int w = 0; w < 3; w++) CK(fc_sm90_forward(&a, 0));
+                    sync_or_die("bench warm-up");
+                    const int iters = 10;
+                    CK(cudaEventRecord(e0, 0));
+                    for (int it = 0; it < iters; it++) CK(fc_sm90_forward(&a, 0));
+                    CK(cudaEventRecord(e1, 0));
+                    sync_or_die("bench");
+                    float ms = 0;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    ms /= iters;
+                    const double flops = 4.0 * B * H * (double)S * S * D / (causal ? 2 : 1);
+                    printf("%-6s %-5d %-7d %6d %6d %6d %10.3f %10.1f\n", bf16 ? "bf16" : "fp16", D, causal, S, B,
+                           H, ms, flops / (ms * 1e-3) / 1e12);
+                }
+    for (int i = 0; i < 4; i++) cudaFree(buf[i]);
+    cudaFree(lse);
+}
+
+int main(int argc, char **argv)
+{
+    int do_check = 1, do_bench = 1;
+    if (argc > 1 && !strcmp(argv[1], "--check-only")) do_bench = 0;
+    if (argc > 1 && !strcmp(argv[1], "--bench-only")) do_check = 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, sm_%d%d, %d SMs, %zu bytes shared memory per block (opt-in)\n", prop.name, prop.major,
+           prop.minor, prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
+    if (prop.major != 9 || prop.minor != 0) {
+        printf("not an sm_90 device: nothing to check\n");
+        return 1;
+    }
+    int pass = 0, fail = 0;
+    if (do_check) {
+        if (run_probe()) pass++;
+        else fail++;
+        /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd */
+        static const fcase cases[] = {
+            {1, 1, 1, 2, 2, 64, 0, 0, 0},          {1, 1, 1, 2, 2, 128, 1, 1, 0},
+            {2, 17, 17, 2, 2, 64, 0, 1, 0},        {2, 17, 17, 2, 2, 128, 1, 0, 0},
+            {1, 17, 1000, 2, 1, 128, 1, 1, 0},     {1, 1000, 17, 2, 1, 128, 1, 0, 0},
+            {1, 1000, 17, 2, 1, 64, 2, 1, 0},      {1, 1000, 1000, 2, 2, 64, 0, 0, 0},
+            {1, 1000, 1000, 2, 2, 128, 0, 1, 0},   {1, 1000, 1000, 2, 2, 128, 1, 0, 0},
+            {1, 1000, 1000, 2, 2, 64, 2, 1, 0},    {1, 1000, 1000, 8, 1, 128, 0, 0, 0},
+            {1, 1000, 1000, 8, 1, 64, 1, 1, 0},    {2, 1000, 1000, 2, 2, 128, 0, 0, 1},
+            {2, 300, 1000, 4, 2, 64, 1, 1, 1},     {1, 4097, 4097, 1, 1, 128, 0, 1, 0},
+            {1, 4097, 4097, 1, 1, 64, 1, 0, 0},    {1, 4097, 4097, 1, 1, 128, 1, 0, 0},
+            {1, 17, 17, 2, 2, 256, 0, 1, 0},       {1, 1000, 1000, 2, 1, 256, 1, 0, 0},
+            {1, 1000, 300, 2, 2, 256, 1, 1, 1},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (run_case(&cases[i], &prop)) pass++;
+            else fail++;
+            fflush(stdout);
+        }
+        printf("\nSUMMARY: %d passed, %d failed\n", pass, fail);
+    }
+    if (do_bench) bench(&prop);
+    return fail == 0 ? 0 : 1;
+}
