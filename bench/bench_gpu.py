@@ -59,7 +59,7 @@ class Flashc:
         L.flashc_backend_describe.restype = ctypes.c_char_p
         L.flashc_backend_create.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
         L.flashc_backend_describe.argtypes = [ctypes.c_void_p]
-        L.flashc_params_init.argtypes = [ctypes.POINTER(Params)]
+        L.flashc_params_init_sized.argtypes = [ctypes.POINTER(Params), ctypes.c_size_t]
         P, T = ctypes.POINTER(Params), ctypes.POINTER(Tensor)
         L.flashc_forward.argtypes = [ctypes.c_void_p, P, T, T, T, T, T]
         L.flashc_backward.argtypes = [ctypes.c_void_p, P, T, T, T, T, T, T, T, T, T]
@@ -97,7 +97,7 @@ class FlashcCall:
         self.lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
         self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self.p = Params()
-        fc.lib.flashc_params_init(ctypes.byref(self.p))
+        fc.lib.flashc_params_init_sized(ctypes.byref(self.p), ctypes.sizeof(Params))
         self.p.causal = 1 if causal else 0
         self.p.deterministic = deterministic
         self.p.stream = torch.cuda.current_stream().cuda_stream

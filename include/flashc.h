@@ -231,8 +231,12 @@ typedef struct flashc_params {
 FLASHC_API int flashc_dropout_keep(uint64_t seed, uint64_t offset, float dropout_p,
                                    int64_t heads_q, int64_t b, int64_t h, int64_t i, int64_t j);
 
-/* Fills p with the defaults: scale 0 (1/sqrt(d)), not causal, no window, no extras. */
-FLASHC_API void flashc_params_init(flashc_params *p);
+/* Fills p with the defaults: scale 0 (1/sqrt(d)), not causal, no window, no extras, and
+ * struct_size. A macro, so that the size is the caller's own sizeof(flashc_params): a program
+ * built against an older, shorter struct never has more written than it holds. Bindings from
+ * other languages call flashc_params_init_sized with the size of their struct. */
+#define flashc_params_init(p) flashc_params_init_sized((p), sizeof(flashc_params))
+FLASHC_API void flashc_params_init_sized(flashc_params *p, size_t struct_size);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backends                                                                                 */
@@ -249,7 +253,11 @@ typedef struct flashc_backend_config {
                             (FLASHC_CPU_ISA in the environment does the same) */
 } flashc_backend_config;
 
-FLASHC_API void flashc_backend_config_init(flashc_backend_config *cfg);
+/* The defaults (threads 0, device -1, ISA auto); a macro for the same reason as
+ * flashc_params_init. */
+#define flashc_backend_config_init(cfg)                                                      \
+    flashc_backend_config_init_sized((cfg), sizeof(flashc_backend_config))
+FLASHC_API void flashc_backend_config_init_sized(flashc_backend_config *cfg, size_t struct_size);
 
 /* Creates a backend handle. name: "auto" (or NULL) picks CUDA when built in and a device is
  * present, else the CPU; "cpu", "cuda" or "reference" (the float64 reference: slow, exact,

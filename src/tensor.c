@@ -59,21 +59,34 @@ flashc_tensor flashc_lse_contiguous(float *data, int64_t batch, int64_t heads, i
     return t;
 }
 
-void flashc_params_init(flashc_params *p)
+/* Writes min(size, ours) bytes of defaults, and zeroes the tail of a newer caller's longer
+ * struct; struct_size records the caller's size, so that a newer caller's fields that this
+ * version does not know are checked to be unset rather than silently ignored. */
+static void init_versioned(void *dst, size_t size, const void *defaults, size_t ours)
 {
-    if (!p)
-        return;
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->window_left = -1;
-    p->window_right = -1;
+    memcpy(dst, defaults, size < ours ? size : ours);
+    if (size > ours)
+        memset((char *)dst + ours, 0, size - ours);
+    memcpy(dst, &size, sizeof size); /* struct_size is the first field of both structs */
 }
 
-void flashc_backend_config_init(flashc_backend_config *cfg)
+void flashc_params_init_sized(flashc_params *p, size_t struct_size)
 {
-    if (!cfg)
+    if (!p || struct_size < sizeof(size_t))
         return;
-    memset(cfg, 0, sizeof *cfg);
-    cfg->struct_size = sizeof *cfg;
-    cfg->device = -1;
+    flashc_params d;
+    memset(&d, 0, sizeof d);
+    d.window_left = -1;
+    d.window_right = -1;
+    init_versioned(p, struct_size, &d, sizeof d);
+}
+
+void flashc_backend_config_init_sized(flashc_backend_config *cfg, size_t struct_size)
+{
+    if (!cfg || struct_size < sizeof(size_t))
+        return;
+    flashc_backend_config d;
+    memset(&d, 0, sizeof d);
+    d.device = -1;
+    init_versioned(cfg, struct_size, &d, sizeof d);
 }

@@ -173,10 +173,20 @@ flashc_status_string = _prototype("flashc_status_string", ctypes.c_char_p, ctype
 flashc_last_error = _prototype("flashc_last_error", ctypes.c_char_p)
 flashc_version = _prototype("flashc_version", ctypes.c_char_p)
 flashc_dtype_size = _prototype("flashc_dtype_size", ctypes.c_size_t, ctypes.c_int)
-flashc_params_init = _prototype("flashc_params_init", None, _ParamsP)
-flashc_backend_config_init = _prototype(
-    "flashc_backend_config_init", None, ctypes.POINTER(BackendConfig)
+_params_init_sized = _prototype("flashc_params_init_sized", None, _ParamsP, ctypes.c_size_t)
+_backend_config_init_sized = _prototype(
+    "flashc_backend_config_init_sized", None, ctypes.POINTER(BackendConfig), ctypes.c_size_t
 )
+
+
+def flashc_params_init(pointer):
+    """The C macro flashc_params_init: the defaults, for this binding's struct size."""
+    _params_init_sized(pointer, ctypes.sizeof(Params))
+
+
+def flashc_backend_config_init(pointer):
+    """The C macro flashc_backend_config_init, for this binding's struct size."""
+    _backend_config_init_sized(pointer, ctypes.sizeof(BackendConfig))
 flashc_backend_create = _prototype(
     "flashc_backend_create",
     ctypes.c_int,

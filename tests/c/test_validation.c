@@ -314,6 +314,24 @@ static void param_errors(void)
     longer.future_field = 1;
     FWD("longer params, unknown field set", a.paramsp = &longer.p; (void)0,
         FLASHC_ERROR_UNSUPPORTED, "struct_size");
+    /* initializing an older caller's shorter struct writes no byte past it */
+    unsigned char raw[sizeof(flashc_params) + 16];
+    memset(raw, 0xab, sizeof raw);
+    flashc_params_init_sized((flashc_params *)(void *)raw, 24);
+    size_t recorded;
+    memcpy(&recorded, raw, sizeof recorded);
+    int tail_intact = 1;
+    for (size_t i = 24; i < sizeof raw; i++)
+        tail_intact &= raw[i] == 0xab;
+    CHECK(recorded == 24 && tail_intact, "params_init_sized(24) wrote past 24 bytes");
+    /* and a newer caller's longer one gets a zeroed tail and its own struct_size */
+    memset(raw, 0xab, sizeof raw);
+    flashc_params_init_sized((flashc_params *)(void *)raw, sizeof raw);
+    memcpy(&recorded, raw, sizeof recorded);
+    int tail_zero = 1;
+    for (size_t i = sizeof(flashc_params); i < sizeof raw; i++)
+        tail_zero &= raw[i] == 0;
+    CHECK(recorded == sizeof raw && tail_zero, "params_init_sized(longer): tail not zeroed");
     /* an older caller's shorter struct: the missing fields keep their defaults */
     flashc_params older;
     flashc_params_init(&older);
