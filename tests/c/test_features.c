@@ -435,8 +435,8 @@ static void test_varlen_matches_fixed(flashc_backend *be)
     tt_fill_normal(&v, &rng, 1);
     tt_fill_normal(&dout, &rng, 1);
     test_tensor outs[2][5]; /* o, lse, dq, dk, dv of each run */
-    float slopes[2 * 4];
-    for (int i = 0; i < 8; i++)
+    float slopes[3 * 4]; /* [B, H]: per sequence and head */
+    for (int i = 0; i < 12; i++)
         slopes[i] = 0.1f * (float)(i + 1);
     int32_t cu[4] = {0, (int32_t)N, (int32_t)(2 * N), (int32_t)(3 * N)};
     for (int run = 0; run < 2; run++) {
