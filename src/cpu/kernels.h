@@ -79,6 +79,24 @@ typedef struct flashc_cpu_kernels {
                        float *c);
     /* Rows of a bf16 P: dst[m][64] = bf16(src[m][0:n]), zero from n to 64. */
     void (*round_p16)(uint16_t *dst, const float *src, int m, int n);
+
+    /* bf16 backward path, NULL where the set has none (the backward then keeps its float32
+     * products). With these the five products of a block pair all take bf16 operands:
+     * S = Q K^T and dP = dO V^T through gemm_panel16 (Q, dO rows16; K^T, V^T panel16),
+     * dQ += dS K through gemm_acc16 (dS through round_p16, K in vpair16), and the two
+     * reductions over queries, kept transposed so that the query pairs lie along A's rows:
+     *   dV^T[dp][64] += dO^T[dp][0:k] * pair(P),   dK^T[dp][64] += Q^T[dp][0:k] * pair(dS)
+     * P and dS are rounded to bf16 only after the float32 feature pass, as FlashAttention
+     * does on GPUs; the accumulation stays float32.
+     *   gemm_panel16_acc: C[m][64] += A16[m][0:k] * panel16 (row stride lda of A16, 64 of
+     *     C); A16's columns and panel16's rows from k up to the next multiple of 32 are zero
+     *     and inside the buffers (the tile set reduces over 32 at a time).
+     *   pair_p16: dst[32][64][2] = bf16(src[m][0:n]) in pairs of rows, element (r, c) at
+     *     [r/2][c][r%2] (the panel16 layout with queries for dims); every element of dst is
+     *     written, zero at rows >= m or columns >= n. */
+    void (*gemm_panel16_acc)(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                             const uint16_t *panel16, float *c);
+    void (*pair_p16)(uint16_t *dst, const float *src, int m, int n);
 } flashc_cpu_kernels;
 
 extern const flashc_cpu_kernels flashc_cpu_kernels_generic;

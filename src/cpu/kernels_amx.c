@@ -1,10 +1,12 @@
 /*
- * kernels_amx.c - AMX-BF16 micro-kernels for the bf16 forward (built with -mamx-tile
+ * kernels_amx.c - AMX-BF16 micro-kernels for bf16 attention (built with -mamx-tile
  * -mamx-bf16 and the AVX-512 flags for this file only). The two products of the forward run
  * on tiles: S = Q K^T as 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32
  * dims of Q, B = 16 dim pairs x 16 keys of the packed K^T; O += P V the same way over 32
- * keys at a time. Everything else (float32 and fp16 inputs, the softmax, the backward) is the
- * AVX-512 set's: AMX-BF16 multiplies bf16 only, and rounding fp16 or fp32 inputs to bf16
+ * keys at a time. The backward's five products use the same two kernels (S, dP, and dV^T,
+ * dK^T with an accumulating C; dQ += dS K as O += P V). Everything else (float32 and fp16
+ * inputs, the softmax, the pairing and rounding of P and dS) is the AVX-512 set's:
+ * AMX-BF16 multiplies bf16 only, and rounding fp16 or fp32 inputs to bf16
  * would break their accuracy bounds.
  *
  * Linux hands out the tile data state only on request: supported() asks once with
@@ -77,17 +79,29 @@ static void amx_configure(void)
     amx_configured = 1;
 }
 
-/* S[64-row buffer][64] = A16 * panel16, in strips of 16 rows; k a multiple of 32. */
-static void amx_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
-                             const uint16_t *panel16, float *c)
+/* C[16-row strips][64] (+)= A16 * panel16 over k rounded up to 32 (the callers zero A16's
+ * columns and panel16's rows up to there). The forward's S = Q K^T (k = dp) and the
+ * backward's S, dP (overwriting) and dV^T, dK^T (accumulating, k = the block's queries). */
+static inline __attribute__((always_inline)) void
+amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *panel16, float *c,
+            const int accumulate)
 {
     amx_configure();
     const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
+    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
     for (int r0 = 0; r0 < m; r0 += 16) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
+        if (accumulate) {
+            _tile_loadd(0, cr + 0, cstride);
+            _tile_loadd(1, cr + 16, cstride);
+            _tile_loadd(2, cr + 32, cstride);
+            _tile_loadd(3, cr + 48, cstride);
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        }
         for (int p = 0; p < k; p += 32) {
             const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
             _tile_loadd(4, a + r0 * lda + p, lda * (ptrdiff_t)sizeof(uint16_t));
@@ -100,13 +114,26 @@ static void amx_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
             _tile_loadd(6, bp + 3 * 32, bstride);
             _tile_dpbf16ps(3, 4, 6);
         }
-        float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
-        const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
         _tile_stored(0, cr + 0, cstride);
         _tile_stored(1, cr + 16, cstride);
         _tile_stored(2, cr + 32, cstride);
         _tile_stored(3, cr + 48, cstride);
     }
+}
+
+/* S[64-row buffer][64] = A16 * panel16, in strips of 16 rows; k a multiple of 32. */
+static void amx_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                             const uint16_t *panel16, float *c)
+{
+    amx_panel16(m, k, a, lda, panel16, c, 0);
+}
+
+/* dV^T, dK^T [dp][64] += (dO^T or Q^T)[dp][64] * pair(P or dS): m = dp is a multiple of 32,
+ * so the strips are exact; the queries past the block are zero in both operands. */
+static void amx_gemm_panel16_acc(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                                 const uint16_t *panel16, float *c)
+{
+    amx_panel16(m, k, a, lda, panel16, c, 1);
 }
 
 /* O[64-row buffer][dp] += P16 * vpair16 over whole 32-key steps (P16 is 0 past n). */
@@ -199,6 +226,11 @@ static void amx_round_p16(uint16_t *dst, const float *src, int m, int n)
     flashc_cpu_kernels_avx512.round_p16(dst, src, m, n);
 }
 
+static void amx_pair_p16(uint16_t *dst, const float *src, int m, int n)
+{
+    flashc_cpu_kernels_avx512.pair_p16(dst, src, m, n);
+}
+
 const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .name = "amx",
     .supported = amx_supported,
@@ -211,5 +243,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16 = amx_gemm_panel16,
     .gemm_acc16 = amx_gemm_acc16,
     .round_p16 = amx_round_p16,
+    .gemm_panel16_acc = amx_gemm_panel16_acc,
+    .pair_p16 = amx_pair_p16,
     .bf16_supported = amx_supported,
 };

@@ -1,7 +1,8 @@
 /*
  * kernels_avx512.c - AVX-512 micro-kernels (AVX-512F/BW/VL; built with those flags only for
  * this file). The float32 products come from kernels_simd.inc with 6 x 4 register tiles
- * (24 zmm accumulators, 64 columns); the bf16 forward path uses AVX512_BF16 vdpbf16ps,
+ * (24 zmm accumulators, 64 columns); the bf16 forward and backward products use AVX512_BF16
+ * vdpbf16ps,
  * which does two multiply-adds per lane per instruction: twice the float32 FMA rate where
  * the core issues it at the FMA rate (measured so on Zen 4).
  *
@@ -70,7 +71,7 @@ static int avx512_supported(void)
     return f->avx512f && f->avx512bw && f->avx512vl && f->fma;
 }
 
-/* ---- bf16 forward path (AVX512_BF16), used only when the processor has it ---- */
+/* ---- bf16 products (AVX512_BF16), used only when the processor has it ---- */
 
 /* The bf16 functions need the extra instruction set; the attribute keeps the rest of the file
  * runnable on AVX-512 parts without it. */
@@ -80,14 +81,15 @@ static int avx512_supported(void)
  * each row and dot it with 4 zmm of 16 keys x 2 dims. */
 static inline __attribute__((always_inline)) BF16_FN void
 avx512_panel16_tile(const int mr, int k, const uint16_t *a, ptrdiff_t lda,
-                    const uint16_t *panel, float *c)
+                    const uint16_t *panel, float *c, const int accumulate)
 {
     __m512 acc[6][4];
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
-            acc[r][v] = _mm512_setzero_ps();
+            acc[r][v] = accumulate ? _mm512_load_ps(c + r * FLASHC_CPU_BLOCK_N + v * 16)
+                                   : _mm512_setzero_ps();
     for (int p = 0; p < k; p += 2) {
         const uint16_t *bp = panel + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N; /* [p/2][64][2] */
         __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)(bp + 0));
@@ -116,7 +118,12 @@ avx512_panel16_tile(const int mr, int k, const uint16_t *a, ptrdiff_t lda,
     static BF16_FN void avx512_panel16_##MR(int k, const uint16_t *a, ptrdiff_t lda,         \
                                             const uint16_t *panel, float *c)                 \
     {                                                                                         \
-        avx512_panel16_tile(MR, k, a, lda, panel, c);                                         \
+        avx512_panel16_tile(MR, k, a, lda, panel, c, 0);                                      \
+    }                                                                                         \
+    static BF16_FN void avx512_panel16acc_##MR(int k, const uint16_t *a, ptrdiff_t lda,      \
+                                               const uint16_t *panel, float *c)              \
+    {                                                                                         \
+        avx512_panel16_tile(MR, k, a, lda, panel, c, 1);                                      \
     }
 PANEL16_TILE(1)
 PANEL16_TILE(2)
@@ -128,6 +135,9 @@ typedef void (*panel16_fn)(int, const uint16_t *, ptrdiff_t, const uint16_t *, f
 static const panel16_fn panel16_tiles[7] = {NULL, avx512_panel16_1, avx512_panel16_2,
                                             avx512_panel16_3, avx512_panel16_4,
                                             avx512_panel16_5, avx512_panel16_6};
+static const panel16_fn panel16acc_tiles[7] = {NULL, avx512_panel16acc_1, avx512_panel16acc_2,
+                                               avx512_panel16acc_3, avx512_panel16acc_4,
+                                               avx512_panel16acc_5, avx512_panel16acc_6};
 
 static void avx512_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
                                 const uint16_t *panel16, float *c)
@@ -135,6 +145,18 @@ static void avx512_gemm_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda,
     for (int r0 = 0; r0 < m; r0 += 6) {
         int mr = m - r0 < 6 ? m - r0 : 6;
         panel16_tiles[mr](k, a + r0 * lda, lda, panel16, c + r0 * FLASHC_CPU_BLOCK_N);
+    }
+}
+
+/* C[m][64] += A16 * panel16: the backward's dV^T and dK^T, m = dp rows of dO^T or Q^T,
+ * k the queries of the block (rounded up to a pair; the zero padding adds nothing). */
+static void avx512_gemm_panel16_acc(int m, int k, const uint16_t *a, ptrdiff_t lda,
+                                    const uint16_t *panel16, float *c)
+{
+    k = (k + 1) & ~1;
+    for (int r0 = 0; r0 < m; r0 += 6) {
+        int mr = m - r0 < 6 ? m - r0 : 6;
+        panel16acc_tiles[mr](k, a + r0 * lda, lda, panel16, c + r0 * FLASHC_CPU_BLOCK_N);
     }
 }
 
@@ -230,6 +252,33 @@ static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int
     }
 }
 
+/* Rows r, r+1 of src become the 32-bit pairs (r, c), (r + 1, c) of row r/2 of dst: both rows
+ * rounded to bf16 in one vcvtne2ps2bf16 (x in the low half, y in the high), then
+ * interleaved with one vpermw. Rows past m and columns past n are zero. */
+static BF16_FN void avx512_pair_p16(uint16_t *dst, const float *src, int m, int n)
+{
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                           9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                           17, 1, 16, 0);
+    for (int r = 0; r < FLASHC_CPU_BLOCK_M; r += 2) {
+        uint16_t *dr = dst + r * FLASHC_CPU_BLOCK_N;
+        if (r >= m) {
+            for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                _mm512_store_si512((void *)(dr + 2 * c0), _mm512_setzero_si512());
+            continue;
+        }
+        const float *s0 = src + r * FLASHC_CPU_BLOCK_N, *s1 = s0 + FLASHC_CPU_BLOCK_N;
+        for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
+            const __mmask16 k = avx512_lanes_below(c0, n);
+            __m512 x = _mm512_maskz_mov_ps(k, _mm512_load_ps(s0 + c0));
+            __m512 y = r + 1 < m ? _mm512_maskz_mov_ps(k, _mm512_load_ps(s1 + c0))
+                                 : _mm512_setzero_ps();
+            __m512i xy = (__m512i)_mm512_cvtne2ps_pbh(y, x);
+            _mm512_store_si512((void *)(dr + 2 * c0), _mm512_permutexvar_epi16(inter, xy));
+        }
+    }
+}
+
 static int avx512_bf16_supported(void)
 {
     return avx512_supported() && flashc_cpu_get_features()->avx512bf16;
@@ -248,5 +297,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_panel16 = avx512_gemm_panel16,
     .gemm_acc16 = avx512_gemm_acc16,
     .round_p16 = avx512_round_p16,
+    .gemm_panel16_acc = avx512_gemm_panel16_acc,
+    .pair_p16 = avx512_pair_p16,
     .bf16_supported = avx512_bf16_supported,
 };
