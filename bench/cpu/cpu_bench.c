@@ -10,7 +10,7 @@
  * ms=<median> gflops=<rate>", with the usual FLOP count: 4 B H N^2 D forward, 2.5x that
  * backward (the products only, recomputation not counted), half of each under a causal mask.
  * The time is the median of at least 3 runs after a warm-up, and of as many as fit in about
- * a second. The peak is a loop of independent FMAs on registers (the micro-kernels' inner
+ * a second (exactly CPU_BENCH_REPS runs when that is set). The peak is a loop of independent FMAs on registers (the micro-kernels' inner
  * operation without memory traffic): AVX-512 where the processor has it, else AVX2+FMA.
  * Both also print cpu_gflops: the rate over the process's CPU time divided by the thread
  * count, which on a busy shared machine measures the code rather than the neighbours.
@@ -224,7 +224,11 @@ static int run_attn(int threads, const char *dts, const char *mode, long n, long
     double times[64], ctimes[64];
     int reps = 0;
     double total = 0;
-    while (reps < 64 && (reps < 3 || total < 1.0)) {
+    /* CPU_BENCH_REPS=N: exactly N timed runs, so that two builds timed as whole processes
+     * do the same work */
+    const char *fixed_env = getenv("CPU_BENCH_REPS");
+    const int fixed = fixed_env ? atoi(fixed_env) : 0;
+    while (reps < 64 && (fixed > 0 ? reps < fixed : reps < 3 || total < 1.0)) {
         double t0 = now(), c0 = cpu_now();
         flashc_status st = bwd ? flashc_backward(be, &p, &tdo, &tq, &tk, &tv, &to, &tl, &tdq,
                                                  &tdk, &tdv)

@@ -93,17 +93,18 @@ static void pack_t16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b, i
 }
 
 /* Stores keys [s0, s0 + n) of head h from a transposed accumulator panel[dp][64] times
- * scale: the use16 layout of dK and dV. */
-static void store_t(flashc_tensor *t, const float *panel, int64_t b, int64_t s0, int n,
-                    int64_t h, float scale)
+ * scale: the use16 layout of dK and dV. The panel is read along its rows into tmp[n][dp]
+ * (strided writes into a buffer that stays in L1), then stored as rows. */
+static void store_t(flashc_tensor *t, const float *panel, float *tmp, int dp, int64_t b,
+                    int64_t s0, int n, int64_t h, float scale)
 {
     const int64_t d = t->shape[3];
-    float row[FLASHC_MAX_HEAD_DIM];
-    for (int r = 0; r < n; r++) {
-        for (int64_t c = 0; c < d; c++)
-            row[c] = panel[c * FLASHC_CPU_BLOCK_N + r] * scale;
-        flashc_store_row(flashc_row_ptr(t, b, s0 + r, h), row, t->dtype, d);
+    for (int64_t c = 0; c < d; c++) {
+        const float *pr = panel + c * FLASHC_CPU_BLOCK_N;
+        for (int r = 0; r < n; r++)
+            tmp[(ptrdiff_t)r * dp + c] = pr[r];
     }
+    flashc_cpu_store_rows(t, tmp, dp, b, s0, n, h, scale);
 }
 
 /* delta[r] = rowsum(dO * O) of m rows from row s0 of the tensors, in float32 in dim order. */
@@ -341,8 +342,10 @@ static void onepass_task(void *ctx, int64_t bhk, int thread)
     if (job->use16) {
         for (int64_t j0 = 0; j0 < sq.nk; j0 += FLASHC_CPU_BLOCK_N) {
             const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
-            store_t(job->dk, w.dk + (size_t)j0 * dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
-            store_t(job->dv, w.dv + (size_t)j0 * dp, sq.batch, sq.k0 + j0, n, hk, 1.0f);
+            store_t(job->dk, w.dk + (size_t)j0 * dp, w.o, dp, sq.batch, sq.k0 + j0, n, hk,
+                    pr->scale);
+            store_t(job->dv, w.dv + (size_t)j0 * dp, w.o, dp, sq.batch, sq.k0 + j0, n, hk,
+                    1.0f);
         }
         return;
     }
@@ -435,8 +438,8 @@ static void dkdv_task(void *ctx, int64_t task, int thread)
         }
     }
     if (job->use16) {
-        store_t(job->dk, w.dk, sq.batch, sq.k0 + j0, n, hk, pr->scale);
-        store_t(job->dv, w.dv, sq.batch, sq.k0 + j0, n, hk, 1.0f);
+        store_t(job->dk, w.dk, w.o, dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
+        store_t(job->dv, w.dv, w.o, dp, sq.batch, sq.k0 + j0, n, hk, 1.0f);
         return;
     }
     flashc_cpu_store_rows(job->dk, w.dk, dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
