@@ -60,7 +60,9 @@ int flashc_backend_available(const char *name)
 static flashc_status copy_versioned(void *dst, size_t dst_size, const void *src, size_t src_size,
                                     const char *what, const char *init_fn)
 {
-    if (src_size < sizeof(size_t))
+    /* a real struct of a later version stays far below 4 KiB; a larger size is garbage, and
+     * scanning that many bytes of the caller's memory could fault */
+    if (src_size < sizeof(size_t) || src_size > 4096)
         return flashc_error(FLASHC_ERROR_INVALID_PARAM,
                             "%s.struct_size is %zu: initialize %s with %s()", what, src_size,
                             what, init_fn);
@@ -452,8 +454,17 @@ static flashc_status resolve_features(const flashc_backend *backend, const flash
                                 (const void *)p->alibi_slopes);
         pr->alibi_slopes = p->alibi_slopes;
         pr->alibi_batch_stride = p->alibi_slopes_batch_stride;
+        int64_t rows = pr->alibi_batch_stride ? flashc_num_seqs(pr) : 1, last_slope;
+        if (__builtin_mul_overflow(rows - 1, pr->alibi_batch_stride, &last_slope) ||
+            __builtin_add_overflow(last_slope, pr->heads_q, &last_slope) ||
+            last_slope > (int64_t)(PTRDIFF_MAX / (ptrdiff_t)sizeof(float)) ||
+            (uintptr_t)p->alibi_slopes + (uintptr_t)last_slope * sizeof(float) <
+                (uintptr_t)p->alibi_slopes)
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "params.alibi_slopes_batch_stride %lld: the slopes of %lld "
+                                "sequences would reach past the address space",
+                                (long long)pr->alibi_batch_stride, (long long)rows);
         if (host) {
-            int64_t rows = pr->alibi_batch_stride ? flashc_num_seqs(pr) : 1;
             for (int64_t b = 0; b < rows; b++)
                 for (int64_t h = 0; h < pr->heads_q; h++) {
                     int64_t at = b * pr->alibi_batch_stride + h;
@@ -518,6 +529,9 @@ flashc_status flashc_forward(flashc_backend *backend, const flashc_params *param
     int f32_ok = backend->ops->accepts_f32_outputs;
     named_span s[5] = {{"q", {0, 0}, 0}, {"k", {0, 0}, 0}, {"v", {0, 0}, 0},
                        {"out", {0, 0}, 1}, {"lse", {0, 0}, 1}};
+    const flashc_tensor *views[5] = {q, k, v, out, lse};
+    for (int i = 0; i < 5; i++)
+        s[i].t = views[i];
     TRY(check_q_k_tensors(q, k, &s[0].sp, &s[1].sp));
     TRY(check_like(v, &s[2], k, "k", q->dtype, 0));
     TRY(check_like(out, &s[3], q, "q", q->dtype, f32_ok));
@@ -544,6 +558,9 @@ flashc_status flashc_backward(flashc_backend *backend, const flashc_params *para
                         {"v", {0, 0}, 0},    {"out", {0, 0}, 0}, {"lse", {0, 0}, 0},
                         {"dq", {0, 0}, 1},   {"dk", {0, 0}, 1},  {"dv", {0, 0}, 1},
                         {"params.workspace", {0, 0}, 1}};
+    const flashc_tensor *views[9] = {dout, q, k, v, out, lse, dq, dk, dv};
+    for (int i = 0; i < 9; i++)
+        s[i].t = views[i];
     TRY(check_q_k_tensors(q, k, &s[1].sp, &s[2].sp));
     TRY(check_like(v, &s[3], k, "k", q->dtype, 0));
     TRY(check_like(dout, &s[0], q, "q", q->dtype, f32_ok));

@@ -27,6 +27,11 @@ static const char *const lse_dim_names[3] = {"batch", "heads", "seqlen_q"};
 /* Largest size of one dimension: keeps every index product far from int64 overflow. */
 #define MAX_DIM_SIZE ((int64_t)INT32_MAX)
 
+/* Largest element count of one tensor's logical shape (2^40), whatever its strides: a
+ * broadcast (stride 0) view may be small in memory but a backend's scratch and packed copies
+ * grow with the logical shape, and this bound keeps all of their sizes far from overflow. */
+#define MAX_TENSOR_ELEMENTS ((int64_t)1 << 40)
+
 /* Byte range [begin, end) a view touches. Filled once its sizes are known to be safe. */
 typedef struct span {
     uintptr_t begin, end;
@@ -54,6 +59,12 @@ static inline flashc_status check_extent(const flashc_tensor *t, const char *nam
             return flashc_error(FLASHC_ERROR_INVALID_SIZE,
                                 "%s: shape and strides overflow a 64-bit offset", name);
     }
+    int64_t logical = 1;
+    for (int d = 0; d < ndim; d++)
+        if (__builtin_mul_overflow(logical, t->shape[d], &logical) ||
+            logical > MAX_TENSOR_ELEMENTS)
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "%s: its shape holds more than 2^40 elements", name);
     int64_t bytes;
     if (__builtin_add_overflow(last, 1, &bytes) ||
         __builtin_mul_overflow(bytes, (int64_t)esize, &bytes) || bytes > (int64_t)PTRDIFF_MAX)
@@ -191,9 +202,66 @@ typedef struct named_span {
     const char *name;
     span sp;
     int is_output;
+    const flashc_tensor *t; /* the view, for the exact test; NULL for raw ranges */
 } named_span;
 
-/* Each output's bytes must be disjoint from every other tensor's. */
+/* Whether element offset delta is a difference of two indices of the view: some c with
+ * |c[d]| < shape[d] and sum c[d] * stride[d] == delta. dims are sorted by decreasing stride
+ * and each stride exceeds the reach of the smaller ones (the view does not overlap itself),
+ * so at each dim only the two multiples around delta / stride can lead to a solution. */
+static inline int offset_reachable(const int64_t *shape, const int64_t *stride, int n,
+                                   int64_t delta)
+{
+    if (n == 0)
+        return delta == 0;
+    int64_t lo = delta / stride[0] - 1, hi = delta / stride[0] + 1;
+    for (int64_t c = lo; c <= hi; c++)
+        if (c > -shape[0] && c < shape[0] &&
+            offset_reachable(shape + 1, stride + 1, n - 1, delta - c * stride[0]))
+            return 1;
+    return 0;
+}
+
+/* Exact test for two views of one layout (same dtype, shape and strides, as packed q/k/v
+ * or dq/dk/dv buffers are): they share an element iff their offset is reachable. Returns -1
+ * when the layouts differ or the view could overlap itself (the caller then compares byte
+ * ranges). */
+static inline int same_layout_views_overlap(const flashc_tensor *a, const flashc_tensor *b)
+{
+    if (!a || !b || a->dtype != b->dtype || a->ndim != b->ndim || a->ndim < 1 || a->ndim > 4)
+        return -1;
+    int64_t shape[4], stride[4];
+    int n = 0;
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d])
+            return -1;
+        if (a->shape[d] > 1) {
+            int k = n++;
+            while (k > 0 && stride[k - 1] < a->stride[d]) { /* insert, decreasing stride */
+                shape[k] = shape[k - 1];
+                stride[k] = stride[k - 1];
+                k--;
+            }
+            shape[k] = a->shape[d];
+            stride[k] = a->stride[d];
+        }
+    }
+    int64_t reach = 0;
+    for (int k = n - 1; k >= 0; k--) {
+        if (stride[k] <= reach)
+            return -1;
+        reach += (shape[k] - 1) * stride[k];
+    }
+    size_t esize = flashc_dtype_size(a->dtype);
+    intptr_t bytes = (intptr_t)((uintptr_t)b->data - (uintptr_t)a->data);
+    if (bytes % (intptr_t)esize != 0)
+        return -1;
+    return offset_reachable(shape, stride, n, (int64_t)(bytes / (intptr_t)esize));
+}
+
+/* Each output's elements must be disjoint from every other tensor's: byte ranges that do
+ * not meet are disjoint; ranges that meet are tested element by element when both views
+ * have one layout (interleaved q/k/v or dq/dk/dv of a packed buffer). */
 static inline flashc_status check_aliasing(const named_span *spans, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -202,7 +270,8 @@ static inline flashc_status check_aliasing(const named_span *spans, int n)
         for (int j = 0; j < n; j++) {
             if (j == i || (spans[j].is_output && j < i))
                 continue;
-            if (spans[i].sp.begin < spans[j].sp.end && spans[j].sp.begin < spans[i].sp.end)
+            if (spans[i].sp.begin < spans[j].sp.end && spans[j].sp.begin < spans[i].sp.end &&
+                same_layout_views_overlap(spans[i].t, spans[j].t) != 0)
                 return flashc_error(FLASHC_ERROR_ALIASING,
                                     "%s: output memory overlaps %s %s", spans[i].name,
                                     spans[j].is_output ? "output" : "input", spans[j].name);

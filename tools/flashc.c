@@ -283,8 +283,12 @@ static int cmd_demo_or_bench(const cli_options *o, int demo)
     if (demo) {
         /* The last n queries of batch 0, head 0, against all keys of its kv head: with a
          * bottom-right causal mask that sub-problem holds every query that sees the last n
-         * keys, so their dK and dV are exact too. */
+         * keys, so their dK and dV are exact too. (Top-left: the first n queries.) */
         int64_t n = p->seqlen_q < 128 ? p->seqlen_q : 128, q0 = p->seqlen_q - n;
+        /* top-left alignment counts from query 0: a sub-problem of the first n queries
+         * keeps every one of their masks */
+        if (p->causal == FLASHC_CAUSAL_TOP_LEFT)
+            q0 = 0;
         cli_problem sub = *p;
         sub.batch = 1;
         sub.heads_q = sub.heads_kv = 1;

@@ -139,6 +139,10 @@ static void tensor_errors(void)
     BOTH("v extent wraps the address space",
          (a.v.data = (void *)((UINTPTR_MAX - 64) & ~(uintptr_t)63)), FLASHC_ERROR_INVALID_SIZE, "v");
 
+    BOTH("q broadcast (stride 0) to 2^45 elements",
+         (a.q.shape[0] = (int64_t)1 << 20, a.q.shape[1] = (int64_t)1 << 21,
+          a.q.stride[0] = a.q.stride[1] = 0),
+         FLASHC_ERROR_INVALID_SIZE, "2^40");
     FWD("out NULL", a.op = NULL_DESC, FLASHC_ERROR_NULL_POINTER, "out");
     FWD("lse NULL", a.lsep = NULL_DESC, FLASHC_ERROR_NULL_POINTER, "lse");
     FWD("out dtype differs", a.o.dtype = FLASHC_F16, FLASHC_ERROR_DTYPE_MISMATCH, "out");
@@ -190,6 +194,8 @@ static void param_errors(void)
 {
     BOTH("params NULL is the defaults", a.null_params = 1, FLASHC_OK, NULL);
     BOTH("struct_size 0", a.params.struct_size = 0, FLASHC_ERROR_INVALID_PARAM, "struct_size");
+    BOTH("struct_size 1 MiB", a.params.struct_size = (size_t)1 << 20, FLASHC_ERROR_INVALID_PARAM,
+         "struct_size");
     BOTH("scale NaN", a.params.softmax_scale = NAN, FLASHC_ERROR_INVALID_PARAM, "softmax_scale");
     BOTH("scale inf", a.params.softmax_scale = INFINITY, FLASHC_ERROR_INVALID_PARAM,
          "softmax_scale");
@@ -341,6 +347,60 @@ static void param_errors(void)
     FWD("shorter params", a.paramsp = &older; (void)0, FLASHC_OK, NULL);
 }
 
+/* dq, dk and dv interleaved in one packed [b, s, 3, h, d] buffer (FlashAttention's qkvpacked
+ * layout): their byte ranges meet but no element is shared, so the backward must accept
+ * them and write what it writes into separate buffers. */
+static void packed_gradients(void)
+{
+    enum { N = 5, H = 2, D = 8 };
+    test_rng rng;
+    rng_seed(&rng, 21);
+    test_tensor q = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    test_tensor k = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    test_tensor v = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    test_tensor dout = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    test_tensor o = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    test_tensor lse = tt_alloc_lse(1, H, N, 0);
+    test_tensor g[3];
+    tt_fill_normal(&q, &rng, 1);
+    tt_fill_normal(&k, &rng, 1);
+    tt_fill_normal(&v, &rng, 1);
+    tt_fill_normal(&dout, &rng, 1);
+    for (int i = 0; i < 3; i++)
+        g[i] = tt_alloc(FLASHC_F32, 1, N, H, D, LAYOUT_BSHD);
+    CHECK(flashc_forward(be, NULL, &q.t, &k.t, &v.t, &o.t, &lse.t) == FLASHC_OK, "packed: fwd");
+    CHECK(flashc_backward(be, NULL, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t, &g[0].t, &g[1].t,
+                          &g[2].t) == FLASHC_OK, "packed: separate backward");
+    float *packed = calloc(N * 3 * H * D, sizeof(float));
+    flashc_tensor views[3];
+    for (int i = 0; i < 3; i++) {
+        views[i] = flashc_tensor_contiguous(packed + i * H * D, FLASHC_F32, 1, N, H, D);
+        views[i].stride[1] = 3 * H * D;
+        views[i].stride[0] = N * 3 * H * D;
+    }
+    flashc_status st = flashc_backward(be, NULL, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t,
+                                       &views[0], &views[1], &views[2]);
+    CHECK(st == FLASHC_OK, "packed dq/dk/dv rejected: %s", flashc_last_error());
+    int same = 1;
+    for (int i = 0; i < 3; i++)
+        for (int s = 0; s < N; s++)
+            same &= memcmp(packed + (s * 3 + i) * H * D,
+                           (float *)g[i].buffer + s * H * D, H * D * sizeof(float)) == 0;
+    CHECK(same, "packed gradients differ from separately written ones");
+    /* shifted by one element, dk's heads run into dv's: that must still be refused */
+    views[1].data = packed + H * D + 1;
+    views[2].data = packed + 2 * H * D;
+    views[1].shape[3] = views[2].shape[3] = D;
+    st = flashc_backward(be, NULL, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t, &views[0], &views[1],
+                         &views[2]);
+    CHECK(st == FLASHC_ERROR_ALIASING, "overlapping packed views accepted: %s",
+          flashc_status_string(st));
+    free(packed);
+    test_tensor *all[] = {&q, &k, &v, &dout, &o, &lse, &g[0], &g[1], &g[2]};
+    for (int i = 0; i < 9; i++)
+        tt_free(all[i]);
+}
+
 static void backend_errors(void)
 {
     flashc_backend *b = (flashc_backend *)1;
@@ -427,6 +487,7 @@ int main(void)
 
     tensor_errors();
     param_errors();
+    packed_gradients();
     backend_errors();
 
     flashc_backend_destroy(be);
