@@ -335,26 +335,41 @@ def make_params(softmax_scale=None, causal_mode=Causal.NONE, window_left=-1, win
                 "softmax_scale: 0 is not supported (pass None for 1/sqrt(head_dim))",
             )
         params.softmax_scale = float(softmax_scale)
-    params.causal = int(causal_mode)
-    params.window_left = int(window_left)
-    params.window_right = int(window_right)
+    params.causal = _int32("causal_mode", causal_mode)
+    params.window_left = _int32("window_left", window_left)
+    params.window_right = _int32("window_right", window_right)
     params.softcap = float(softcap)
     params.deterministic = 1 if deterministic else 0
     params.stream = stream
     params.workspace = workspace
-    params.workspace_size = int(workspace_size)
+    params.workspace_size = _in_range("workspace_size", workspace_size, 0, 2**64 - 1)
     params.alibi_slopes = alibi_slopes
-    params.alibi_slopes_batch_stride = int(alibi_slopes_batch_stride)
+    params.alibi_slopes_batch_stride = _in_range(
+        "alibi_slopes_batch_stride", alibi_slopes_batch_stride, -2**63, 2**63 - 1)
     params.dropout_p = float(dropout_p)
     # the seed and offset are unsigned 64-bit in C; Python ints of either sign wrap
     params.dropout_seed = int(dropout_seed) & 0xFFFFFFFFFFFFFFFF
     params.dropout_offset = int(dropout_offset) & 0xFFFFFFFFFFFFFFFF
     params.cu_seqlens_q = cu_seqlens_q
     params.cu_seqlens_k = cu_seqlens_k
-    params.num_seqs = int(num_seqs)
-    params.max_seqlen_q = int(max_seqlen_q or 0)
-    params.max_seqlen_k = int(max_seqlen_k or 0)
+    params.num_seqs = _int32("num_seqs", num_seqs)
+    params.max_seqlen_q = _int32("max_seqlen_q", max_seqlen_q or 0)
+    params.max_seqlen_k = _int32("max_seqlen_k", max_seqlen_k or 0)
     return params
+
+
+def _in_range(name, value, lo, hi):
+    """int(value), refused when outside [lo, hi]: ctypes would silently wrap it into the C
+    field, turning e.g. a window of 2**32 into a window of 0."""
+    v = int(value)
+    if not lo <= v <= hi:
+        raise FlashcError(Status.ERROR_INVALID_PARAM,
+                          "%s: %d does not fit the C field (%d..%d)" % (name, v, lo, hi))
+    return v
+
+
+def _int32(name, value):
+    return _in_range(name, value, -2**31, 2**31 - 1)
 
 
 def causal_mode_of(causal, causal_mode):

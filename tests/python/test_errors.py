@@ -144,6 +144,11 @@ def test_invalid_params():
         flashc.forward(q, k, v, softmax_scale=float("inf"))
     with raises(Status.ERROR_INVALID_PARAM, "softmax_scale", "None"):
         flashc.forward(q, k, v, softmax_scale=0.0)
+    # values past a C field's range are refused, not wrapped (2**32 would become 0)
+    with raises(Status.ERROR_INVALID_PARAM, "causal_mode"):
+        flashc.forward(q, k, v, causal=True, causal_mode=2**32 + 2)
+    with raises(Status.ERROR_INVALID_PARAM, "window_left"):
+        flashc.forward(q, k, v, window_size=(2**32, -1))
 
 
 def test_unknown_and_unavailable_backends():
