@@ -68,11 +68,19 @@ static flashc_status copy_params(const flashc_params *user, flashc_params *p)
 {
     flashc_params_init(p);
     if (user) {
-        if (user->struct_size < sizeof(size_t))
+        /* the core's rule: a size a real struct cannot have is garbage, and fields this
+         * version does not know must be unset rather than silently ignored */
+        if (user->struct_size < sizeof(size_t) || user->struct_size > 4096)
             return flashc_ring_error_(FLASHC_ERROR_INVALID_PARAM,
                                       "params.struct_size is %zu: initialize params with "
                                       "flashc_params_init()",
                                       user->struct_size);
+        for (size_t i = sizeof *p; i < user->struct_size; i++)
+            if (((const unsigned char *)user)[i] != 0)
+                return flashc_ring_error_(FLASHC_ERROR_UNSUPPORTED,
+                                          "params: set fields that this version of flashc "
+                                          "does not know (struct_size %zu > %zu)",
+                                          user->struct_size, sizeof *p);
         memcpy(p, user, user->struct_size < sizeof *p ? user->struct_size : sizeof *p);
         p->struct_size = sizeof *p;
     }
@@ -93,6 +101,11 @@ static flashc_status copy_params(const flashc_params *user, flashc_params *p)
                                   "params.dropout_p: dropout is not supported by ring attention");
     if (!isfinite(p->softmax_scale))
         return flashc_ring_error_(FLASHC_ERROR_INVALID_PARAM, "params.softmax_scale is not finite");
+    /* checked here, before ranks compare their params: NaN != NaN would otherwise read as a
+     * disagreement between ranks */
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return flashc_ring_error_(FLASHC_ERROR_INVALID_PARAM,
+                                  "params.softcap must be a finite value >= 0 (0 = off)");
     if (p->causal != FLASHC_CAUSAL_NONE && p->causal != FLASHC_CAUSAL_BOTTOM_RIGHT &&
         p->causal != FLASHC_CAUSAL_TOP_LEFT)
         return flashc_ring_error_(FLASHC_ERROR_INVALID_PARAM,
