@@ -329,6 +329,78 @@ FLASHC_API flashc_status flashc_backward_workspace_size(flashc_backend *backend,
                                                         const flashc_tensor *k, size_t *bytes);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Decoding from a KV cache                                                                 */
+/* (this section belongs to the KV-cache entry point; src/kvcache.c implements it)         */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Options of flashc_forward_kvcache beyond flashc_params: where each sequence's keys are.
+ * Start from flashc_kvcache_params_init(), which sets struct_size (the ABI rule of
+ * flashc_params: an older caller's shorter struct keeps the defaults). */
+typedef struct flashc_kvcache_params {
+    size_t struct_size;            /* set by flashc_kvcache_params_init */
+    const int32_t *cache_seqlens;  /* [batch]: tokens already in each sequence's cache
+                                      (required; host memory for the host backends) */
+    const int32_t *block_table;    /* NULL: a contiguous cache. Else a paged one: sequence b's
+                                      page p is page block_table[b * block_table_stride + p]
+                                      of the pool ([batch, max_pages_per_seq] int32, host
+                                      memory for the host backends) */
+    int32_t max_pages_per_seq;     /* paged: columns of block_table (>= 1) */
+    int64_t block_table_stride;    /* paged: entries between rows; 0 = max_pages_per_seq */
+    int32_t num_splits;            /* split-KV: 0 = chosen by flashc from the batch, the
+                                      heads, the cache length and the threads (or SMs);
+                                      1..FLASHC_KVCACHE_MAX_SPLITS forces that many chunks of
+                                      each sequence's keys, merged through their LSE */
+} flashc_kvcache_params;
+
+#define FLASHC_KVCACHE_MAX_SPLITS 64
+
+#define flashc_kvcache_params_init(p)                                                        \
+    flashc_kvcache_params_init_sized((p), sizeof(flashc_kvcache_params))
+FLASHC_API void flashc_kvcache_params_init_sized(flashc_kvcache_params *p, size_t struct_size);
+
+/* Attention of a few new queries against each sequence's cached keys (decoding), with an
+ * optional in-place append of the new keys and values first.
+ *
+ *   q            [B, Nq, Hq, D]    the new queries (Nq is typically 1..16; any Nq >= 1 works)
+ *   k_cache,     contiguous: [B, capacity, Hkv, D], any strides with D contiguous;
+ *   v_cache      paged (kv->block_table set): [num_pages, page_size, Hkv, D], page_size a
+ *                power of two >= 16. Both one shape, q's dtype.
+ *   k_new, v_new NULL (both), or [B, Nnew, Hkv, D]: appended into the cache at positions
+ *                cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1 of sequence b BEFORE the
+ *                attention, for every sequence, so the caches are then outputs too.
+ *                cache_seqlens itself is not updated: the caller advances it by Nnew.
+ *   out, lse     like flashc_forward's: out like q, lse [B, Hq, Nq] float32.
+ *
+ * Sequence b then holds L_b = cache_seqlens[b] + Nnew keys (0 is allowed: its rows get O = 0
+ * and LSE = -inf), and its queries attend to keys [0, L_b) under flashc_params' rules with
+ * Nk = L_b per sequence: causal is aligned bottom-right (query i sees key j <= i + L_b - Nq,
+ * so the last new query sees every key), and window_left/right, softcap and ALiBi apply as
+ * in flashc_forward. Hq a multiple of Hkv (GQA, MQA). Not supported here (answered
+ * FLASHC_ERROR_UNSUPPORTED): dropout and cu_seqlens (cache_seqlens is the ragged batch).
+ *
+ * Checked before anything is written: every cache_seqlens[b] >= 0 and L_b <= capacity
+ * (capacity = cache shape[1], or max_pages_per_seq * page_size when paged); every block_table
+ * entry that sequence b uses (pages 0 .. ceil(L_b / page_size) - 1) in [0, num_pages); with an
+ * append, no two sequences writing the same cache slot, a cache view whose elements do not
+ * overlap, and caches disjoint from every other tensor (k_cache and v_cache included). On an
+ * error nothing is written; on success only out, lse and the appended slots are.
+ * Pages that sequences share (a common prefix) may be read by several of them; a slot that
+ * one sequence appends and another reads is read after the write.
+ *
+ * Split-KV (Flash-Decoding): each (sequence, kv head)'s keys are cut into kv->num_splits
+ * chunks computed in parallel and combined as flashc_merge does, so a small batch still uses
+ * every thread; a result may differ from the unsplit one by float32 reordering.
+ * params may be NULL for the defaults; kv is required (for cache_seqlens). */
+FLASHC_API flashc_status flashc_forward_kvcache(flashc_backend *backend,
+                                                const flashc_params *params,
+                                                const flashc_kvcache_params *kv,
+                                                const flashc_tensor *q, flashc_tensor *k_cache,
+                                                flashc_tensor *v_cache,
+                                                const flashc_tensor *k_new,
+                                                const flashc_tensor *v_new, flashc_tensor *out,
+                                                flashc_tensor *lse);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Merging partial results by their LSE                                                     */
 /* (this section is appended and kept separate: it belongs to the merge and ring attention) */
 /* ---------------------------------------------------------------------------------------- */

@@ -65,6 +65,7 @@ static inline int64_t flashc_key_end(const flashc_problem *pr, int64_t i)
 }
 
 struct flashc_merge_problem; /* defined with the LSE merge, at the end of this file */
+struct flashc_kvcache_problem; /* defined with the KV-cache decode, at the end */
 
 /* What a backend provides. Function pointers never see invalid arguments. */
 typedef struct flashc_backend_ops {
@@ -101,6 +102,15 @@ typedef struct flashc_backend_ops {
     /* FLASHC_FEATURE_* bits the backend implements (appended last, so that a positional
      * initializer that predates it leaves 0: no features, every one rejected by api.c). */
     uint32_t features;
+    /* Optional: flashc_forward_kvcache (the decode problem is defined at the end of this
+     * file). Appended after features, so a positional table written before it leaves NULL,
+     * which api answers with FLASHC_ERROR_UNSUPPORTED. The op appends k_new/v_new (when
+     * given) and then attends; it must allocate everything it needs before either. */
+    flashc_status (*forward_kvcache)(void *state, const struct flashc_kvcache_problem *pr,
+                                     const flashc_tensor *q, flashc_tensor *k_cache,
+                                     flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                     const flashc_tensor *v_new, flashc_tensor *out,
+                                     flashc_tensor *lse);
 } flashc_backend_ops;
 
 extern const flashc_backend_ops flashc_reference_backend_ops;
@@ -216,6 +226,65 @@ static inline float flashc_alibi_slope(const flashc_problem *pr, int64_t b, int6
                ? pr->alibi_slopes[b * pr->alibi_batch_stride + h]
                : 0.0f;
 }
+
+
+/* ---- KV-cache decode (kvcache.c) ---------------------------------------------------------- */
+
+/* A validated flashc_forward_kvcache. base describes the attention as flashc_forward would:
+ * batch, seqlen_q (Nq), heads, head_dim, dtype, out_dtype, scale, causal and the features
+ * (window, softcap, ALiBi; never varlen or dropout), with seqlen_k = the cache capacity.
+ * Sequence b holds flashc_kvcache_len(pr, b) keys; key j of it is at
+ * flashc_kvcache_row(pr, cache, b, j, kv_head). */
+typedef struct flashc_kvcache_problem {
+    flashc_problem base;
+    int64_t seqlen_new;          /* rows of k_new / v_new appended; 0 = no append */
+    int64_t capacity;            /* keys a sequence can hold */
+    int64_t max_len;             /* longest L_b (host backends: exact; device: capacity) */
+    const int32_t *cache_seqlens; /* [batch] */
+    int32_t paged;
+    int32_t page_shift;          /* paged: log2(page_size) */
+    int64_t page_size;
+    int64_t num_pages;
+    const int32_t *block_table;  /* paged: row b at b * block_table_stride */
+    int64_t block_table_stride;
+    int64_t max_pages_per_seq;
+    int32_t num_splits;          /* 0: the backend picks with flashc_kvcache_num_splits */
+    int64_t elem_size;           /* bytes of one element of q's dtype */
+} flashc_kvcache_problem;
+
+/* L_b: keys of sequence b once the new ones are appended. */
+static inline int64_t flashc_kvcache_len(const flashc_kvcache_problem *pr, int64_t b)
+{
+    return (int64_t)pr->cache_seqlens[b] + pr->seqlen_new;
+}
+
+/* Address of key j (0 <= j < capacity) of sequence b, kv head h, in a cache view. */
+static inline void *flashc_kvcache_row(const flashc_kvcache_problem *pr,
+                                       const flashc_tensor *cache, int64_t b, int64_t j,
+                                       int64_t h)
+{
+    int64_t outer = b, slot = j;
+    if (pr->paged) {
+        outer = pr->block_table[b * pr->block_table_stride + (j >> pr->page_shift)];
+        slot = j & (pr->page_size - 1);
+    }
+    int64_t off = outer * cache->stride[0] + slot * cache->stride[1] + h * cache->stride[2];
+    return (char *)cache->data + off * pr->elem_size;
+}
+
+/* The number of key chunks per (sequence, kv head), in one place for every backend: tasks
+ * is the number of independent pieces without splitting (batch * kv heads * row chunks),
+ * units the processors that run them (threads; SMs times resident blocks on CUDA), min_keys
+ * the fewest keys worth a chunk of its own. Picks the fewest splits whose waves over the
+ * units come within 85% of the best efficiency, as FlashAttention's heuristic does. */
+int32_t flashc_kvcache_num_splits(int64_t tasks, int64_t max_len, int64_t units,
+                                  int64_t min_keys);
+
+/* For host-memory backends: copies k_new / v_new into the cache slots (no-op without an
+ * append). Called by a backend's op after its allocations, before it attends. */
+void flashc_host_kvcache_append(const flashc_kvcache_problem *pr, flashc_tensor *k_cache,
+                                flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                const flashc_tensor *v_new);
 
 #ifdef __cplusplus
 }

@@ -122,4 +122,5 @@ const flashc_backend_ops flashc_cpu_backend_ops = {
     .backward_workspace_size = flashc_cpu_backward_workspace_size,
     .features = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
                 FLASHC_FEATURE_VARLEN | FLASHC_FEATURE_DROPOUT,
+    .forward_kvcache = flashc_cpu_forward_kvcache,
 };

@@ -255,4 +255,11 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                                   flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
 size_t flashc_cpu_backward_workspace_size(void *state, const flashc_problem *pr);
 
+/* flashc_forward_kvcache: decode with split-KV (cpu_decode.c). */
+flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
+                                         const flashc_tensor *q, flashc_tensor *k_cache,
+                                         flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                         const flashc_tensor *v_new, flashc_tensor *out,
+                                         flashc_tensor *lse);
+
 #endif /* FLASHC_CPU_INTERNAL_H */

@@ -6,6 +6,7 @@ target_sources(flashc_objects PRIVATE
   src/cpu/cpu_backend.c
   src/cpu/cpu_forward.c
   src/cpu/cpu_backward.c
+  src/cpu/cpu_decode.c
   src/cpu/cpu_pack.c
   src/cpu/cpu_scores.c
   src/cpu/threadpool.c

@@ -2,7 +2,8 @@
  * reference.c - the float64 reference forward and backward, and the "reference" backend that
  * exposes them through the public API (outputs rounded to the output tensors' dtype, which
  * may be float32 whatever the input dtype, so that a test can compare against near-exact
- * values).
+ * values). The KV-cache decode gathers each sequence's keys (paged or not, appended or not)
+ * into a dense copy and runs the same float64 forward on it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -346,6 +347,138 @@ static size_t ref_workspace_size(void *state, const flashc_problem *pr)
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* KV-cache decode: gather each sequence's keys, then the plain float64 forward              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Address of new row t of sequence b, kv head h, in k_new / v_new. */
+static const void *new_row(const flashc_tensor *t, int64_t b, int64_t r, int64_t h)
+{
+    return flashc_row_ptr(t, b, r, h);
+}
+
+flashc_status flashc_ref_forward_kvcache_f64(const flashc_kvcache_problem *pr,
+                                             const flashc_tensor *q,
+                                             const flashc_tensor *k_cache,
+                                             const flashc_tensor *v_cache,
+                                             const flashc_tensor *k_new,
+                                             const flashc_tensor *v_new, double *out,
+                                             double *lse)
+{
+    const flashc_problem *bp = &pr->base;
+    const int64_t hkv = bp->heads_kv, dim = bp->head_dim, nq = bp->seqlen_q;
+    const size_t row_bytes = (size_t)(dim * pr->elem_size);
+    const int64_t longest = pr->max_len > 0 ? pr->max_len : 1;
+    /* gathered [1, L_b, Hkv, D] keys and values, in the cache's dtype (an exact copy) */
+    char *kg = malloc((size_t)(longest * hkv) * row_bytes);
+    char *vg = malloc((size_t)(longest * hkv) * row_bytes);
+    double *o = malloc((size_t)(nq * bp->heads_q * dim) * sizeof(double));
+    double *l = malloc((size_t)(nq * bp->heads_q) * sizeof(double));
+    /* paged append: which new row lands in each slot of the pool (-1: none), so a sequence
+     * that reads a slot another one appends into sees the appended value */
+    int64_t *writer = NULL;
+    const int map = pr->paged && pr->seqlen_new > 0;
+    if (map)
+        writer = malloc((size_t)(pr->num_pages * pr->page_size) * sizeof(int64_t));
+    flashc_status st = FLASHC_OK;
+    if (!kg || !vg || !o || !l || (map && !writer)) {
+        st = flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "reference: out of memory");
+        goto done;
+    }
+    if (map) {
+        for (int64_t i = 0; i < pr->num_pages * pr->page_size; i++)
+            writer[i] = -1;
+        for (int64_t b = 0; b < bp->batch; b++)
+            for (int64_t t = 0; t < pr->seqlen_new; t++) {
+                const int64_t j = pr->cache_seqlens[b] + t;
+                const int64_t page = pr->block_table[b * pr->block_table_stride +
+                                                     (j >> pr->page_shift)];
+                writer[page * pr->page_size + (j & (pr->page_size - 1))] =
+                    b * pr->seqlen_new + t;
+            }
+    }
+    for (int64_t b = 0; b < bp->batch; b++) {
+        const int64_t len = flashc_kvcache_len(pr, b), cached = pr->cache_seqlens[b];
+        for (int64_t j = 0; j < len; j++)
+            for (int64_t h = 0; h < hkv; h++) {
+                const void *ks, *vs;
+                int64_t w = -1;
+                if (j >= cached)
+                    w = b * pr->seqlen_new + (j - cached);
+                else if (map) {
+                    const int64_t page = pr->block_table[b * pr->block_table_stride +
+                                                         (j >> pr->page_shift)];
+                    w = writer[page * pr->page_size + (j & (pr->page_size - 1))];
+                }
+                if (w >= 0) {
+                    ks = new_row(k_new, w / pr->seqlen_new, w % pr->seqlen_new, h);
+                    vs = new_row(v_new, w / pr->seqlen_new, w % pr->seqlen_new, h);
+                } else {
+                    ks = flashc_kvcache_row(pr, k_cache, b, j, h);
+                    vs = flashc_kvcache_row(pr, v_cache, b, j, h);
+                }
+                memcpy(kg + (size_t)(j * hkv + h) * row_bytes, ks, row_bytes);
+                memcpy(vg + (size_t)(j * hkv + h) * row_bytes, vs, row_bytes);
+            }
+        /* one sequence as a batch of one: q's batch b, L_b keys; ALiBi slopes of b */
+        flashc_tensor qb = *q, kt, vt;
+        qb.data = (char *)q->data + b * q->stride[0] * pr->elem_size;
+        qb.shape[0] = 1;
+        kt = flashc_tensor_contiguous(kg, bp->dtype, 1, len, hkv, dim);
+        vt = flashc_tensor_contiguous(vg, bp->dtype, 1, len, hkv, dim);
+        flashc_problem sp = *bp;
+        sp.batch = 1;
+        sp.seqlen_k = sp.max_seqlen_k = len;
+        if (sp.features & FLASHC_FEATURE_ALIBI) {
+            sp.alibi_slopes = bp->alibi_slopes + b * bp->alibi_batch_stride;
+            sp.alibi_batch_stride = 0;
+        }
+        st = flashc_ref_forward_f64(&sp, &qb, &kt, &vt, o, l);
+        if (st != FLASHC_OK)
+            goto done;
+        memcpy(out + (size_t)(b * nq * bp->heads_q * dim), o,
+               (size_t)(nq * bp->heads_q * dim) * sizeof(double));
+        memcpy(lse + (size_t)(b * bp->heads_q * nq), l, (size_t)(bp->heads_q * nq) * sizeof(double));
+    }
+done:
+    free(kg);
+    free(vg);
+    free(o);
+    free(l);
+    free(writer);
+    return st;
+}
+
+static flashc_status ref_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
+                                         const flashc_tensor *q, flashc_tensor *k_cache,
+                                         flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                         const flashc_tensor *v_new, flashc_tensor *out,
+                                         flashc_tensor *lse)
+{
+    const flashc_problem *bp = &pr->base;
+    double *o = alloc_dense(out);
+    double *l = malloc((size_t)(bp->batch * bp->heads_q * bp->seqlen_q) * sizeof(double));
+    flashc_status st = FLASHC_ERROR_OUT_OF_MEMORY;
+    /* computed before the append (reading the new rows where they will land), so that an
+     * allocation failure leaves the cache as it was */
+    if (o && l)
+        st = flashc_ref_forward_kvcache_f64(pr, q, k_cache, v_cache, k_new, v_new, o, l);
+    else
+        flashc_error(st, "reference: out of memory");
+    if (st == FLASHC_OK) {
+        flashc_host_kvcache_append(pr, k_cache, v_cache, k_new, v_new);
+        store_dense(out, o);
+        for (int64_t b = 0; b < bp->batch; b++)
+            for (int64_t h = 0; h < bp->heads_q; h++)
+                for (int64_t i = 0; i < bp->seqlen_q; i++)
+                    *flashc_lse_ptr(lse, b, h, i) =
+                        (float)l[(b * bp->heads_q + h) * bp->seqlen_q + i];
+    }
+    free(o);
+    free(l);
+    return st;
+}
+
 const flashc_backend_ops flashc_reference_backend_ops = {
     .name = "reference",
     .uses_device_memory = 0,
@@ -359,4 +492,5 @@ const flashc_backend_ops flashc_reference_backend_ops = {
     .backward_workspace_size = ref_workspace_size,
     .features = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
                 FLASHC_FEATURE_VARLEN | FLASHC_FEATURE_DROPOUT,
+    .forward_kvcache = ref_forward_kvcache,
 };

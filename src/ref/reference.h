@@ -20,4 +20,18 @@ flashc_status flashc_ref_backward_f64(const flashc_problem *pr, const flashc_ten
                                       const flashc_tensor *q, const flashc_tensor *k,
                                       const flashc_tensor *v, double *dq, double *dk, double *dv);
 
+
+/* The decode of flashc_forward_kvcache in float64, as if k_new / v_new (NULL: none) had been
+ * appended first, without writing the cache: key j of sequence b is read from k_new / v_new
+ * when it is one of b's new keys, or when another sequence appends into the same paged slot,
+ * and from the cache otherwise. Each sequence's keys are gathered and handed to
+ * flashc_ref_forward_f64. out: contiguous [B, Nq, Hq, D]; lse: contiguous [B, Hq, Nq]. */
+flashc_status flashc_ref_forward_kvcache_f64(const flashc_kvcache_problem *pr,
+                                             const flashc_tensor *q,
+                                             const flashc_tensor *k_cache,
+                                             const flashc_tensor *v_cache,
+                                             const flashc_tensor *k_new,
+                                             const flashc_tensor *v_new, double *out,
+                                             double *lse);
+
 #endif /* FLASHC_REFERENCE_H */

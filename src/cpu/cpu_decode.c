@@ -1,0 +1,316 @@
+/*
+ * cpu_decode.c - flashc_forward_kvcache on the CPU: a few queries against long, contiguous or
+ * paged, caches, with split-KV (Flash-Decoding).
+ *
+ * Decoding is memory-bound: each cached key and value is used by only Nq queries of each
+ * query head. So a task takes every query head of one kv head's GQA group at once (the rows
+ * of a task are the pairs (query i, head g of the group), up to 64 of them), and each key
+ * block of 64 is read from memory once per task and used by all those rows: S = (scale Q) K^T
+ * through the micro-kernels' panel product, the online softmax, O += P V, exactly the
+ * forward's arithmetic on a block gathered from the cache (through the block table when
+ * paged, so pages need not be contiguous or in order).
+ *
+ * With a small batch there are fewer (sequence, kv head) pairs than threads, so each
+ * sequence's keys are cut into splits that run as separate tasks, each writing a partial
+ * (O, LSE) in float32; a second pass combines the splits of every sequence with the host LSE
+ * merge of merge.c (flashc_host_merge), the same code flashc_merge runs. The split count
+ * comes from flashc_kvcache_num_splits (kvcache.c), unless the caller forces one.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_internal.h"
+
+/* Rows (query, head of the group) of one task, and keys per block. */
+enum { ROWS = FLASHC_CPU_BLOCK_M, KEYS = FLASHC_CPU_BLOCK_N };
+
+/* The host merge keeps up to this many parts' weights on its stack; more splits are merged
+ * in groups, so the merge never allocates (it runs after the outputs started changing). */
+enum { MERGE_GROUP = 16 };
+
+typedef struct decode_job {
+    const flashc_kvcache_problem *pr;
+    const flashc_cpu_kernels *kern;
+    const flashc_tensor *q, *kc, *vc;
+    flashc_tensor *out, *lse;
+    int dp;
+    int64_t group;      /* query heads per kv head */
+    int64_t rows_total; /* group * Nq */
+    int64_t chunks;     /* row chunks of ROWS per (sequence, kv head) */
+    int32_t splits;
+    int64_t split_keys; /* keys per split (the last may be shorter or empty) */
+    float *part_out;    /* splits > 1: [splits][B][Nq][Hq][D] */
+    float *part_lse;    /* splits > 1: [splits][B][Hq][Nq] */
+    cpu_scratch scratch;
+} decode_job;
+
+static size_t decode_scratch_floats(int dp)
+{
+    return flashc_cpu_lines((size_t)ROWS * dp) * 3 + /* Q, O, V rows */
+           flashc_cpu_lines((size_t)dp * KEYS) +     /* K^T panel */
+           flashc_cpu_lines(ROWS * KEYS) +           /* S / P */
+           flashc_cpu_lines(ROWS) * 3 +              /* max, sum, ncols */
+           flashc_cpu_lines((size_t)dp);             /* one converted row */
+}
+
+/* The sequence as flashc_seq_key_range sees it: Nq queries against L_b keys. */
+static flashc_seq seq_of(const flashc_kvcache_problem *pr, int64_t b)
+{
+    flashc_seq s;
+    s.batch = b;
+    s.q0 = s.k0 = 0;
+    s.nq = pr->base.seqlen_q;
+    s.nk = flashc_kvcache_len(pr, b);
+    return s;
+}
+
+/* Softcap and ALiBi of row r (query i, head h) on columns [a, e) of block j0; the scores
+ * are already scaled (Q was packed pre-scaled). */
+static void apply_mods(const flashc_kvcache_problem *pr, float *srow, int a, int e, int64_t i,
+                       int64_t h, int64_t b, int64_t off, int64_t j0)
+{
+    const flashc_problem *bp = &pr->base;
+    const float cap = (bp->features & FLASHC_FEATURE_SOFTCAP) ? bp->softcap : 0.0f;
+    const float slope = flashc_alibi_slope(bp, b, h);
+    const int alibi = (bp->features & FLASHC_FEATURE_ALIBI) != 0;
+    for (int c = a; c < e; c++) {
+        float x = srow[c];
+        if (cap > 0.0f)
+            x = cap * tanhf(x / cap);
+        if (alibi) {
+            int64_t dist = i + off - (j0 + c);
+            x -= slope * (float)(dist < 0 ? -dist : dist);
+        }
+        srow[c] = x;
+    }
+}
+
+static void decode_task(void *ctx, int64_t task, int thread)
+{
+    decode_job *job = ctx;
+    const flashc_kvcache_problem *pr = job->pr;
+    const flashc_problem *bp = &pr->base;
+    const flashc_cpu_kernels *kern = job->kern;
+    const int dp = job->dp;
+    const int64_t dim = bp->head_dim, G = job->group;
+    const int32_t split = (int32_t)(task % job->splits);
+    int64_t rest = task / job->splits;
+    const int64_t chunk = rest % job->chunks;
+    rest /= job->chunks;
+    const int64_t hk = rest % bp->heads_kv, b = rest / bp->heads_kv;
+    const int64_t r0 = chunk * ROWS;
+    const int m = (int)(job->rows_total - r0 < ROWS ? job->rows_total - r0 : ROWS);
+
+    float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
+    float *acc = qbuf + flashc_cpu_lines((size_t)ROWS * dp);
+    float *vrows = acc + flashc_cpu_lines((size_t)ROWS * dp);
+    float *panel = vrows + flashc_cpu_lines((size_t)ROWS * dp);
+    float *s = panel + flashc_cpu_lines((size_t)dp * KEYS);
+    float *row_max = s + flashc_cpu_lines(ROWS * KEYS);
+    float *row_sum = row_max + flashc_cpu_lines(ROWS);
+    int *ncols = (int *)(row_sum + flashc_cpu_lines(ROWS));
+    float *tmp = (float *)ncols + flashc_cpu_lines(ROWS);
+
+    const flashc_seq sq = seq_of(pr, b);
+    const int64_t off = flashc_seq_offset(bp, &sq);
+    int64_t lo[ROWS], hi[ROWS];
+    /* this split's keys, and the part of them some row of the task sees */
+    const int64_t ks = (int64_t)split * job->split_keys;
+    const int64_t ke = ks + job->split_keys < sq.nk ? ks + job->split_keys : sq.nk;
+    int64_t jbeg = ke, jend = ks;
+    for (int r = 0; r < m; r++) {
+        const int64_t i = (r0 + r) / G, h = hk * G + (r0 + r) % G;
+        flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
+        flashc_seq_key_range(bp, &sq, i, &lo[r], &hi[r]);
+        lo[r] = lo[r] > ks ? lo[r] : ks;
+        hi[r] = hi[r] < ke ? hi[r] : ke;
+        if (lo[r] < hi[r]) {
+            jbeg = lo[r] < jbeg ? lo[r] : jbeg;
+            jend = hi[r] > jend ? hi[r] : jend;
+        }
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
+    }
+    /* every row of the kernels' tiles and every padded dim starts at zero, so the products
+     * never read stale values */
+    memset(acc, 0, (size_t)ROWS * dp * sizeof(float));
+    memset(vrows, 0, (size_t)KEYS * dp * sizeof(float));
+    memset(panel, 0, (size_t)dp * KEYS * sizeof(float));
+    const int mods = flashc_cpu_has_mods(bp);
+
+    for (int64_t j0 = jbeg; j0 < jend; j0 += KEYS) {
+        const int n = (int)(jend - j0 < KEYS ? jend - j0 : KEYS);
+        for (int c = 0; c < n; c++) {
+            flashc_load_row(tmp, flashc_kvcache_row(pr, job->kc, b, j0 + c, hk), bp->dtype, dim);
+            for (int64_t d = 0; d < dim; d++)
+                panel[d * KEYS + c] = tmp[d];
+        }
+        kern->gemm_panel(m, (int)dim, qbuf, dp, panel, s);
+        for (int r = 0; r < m; r++) {
+            int64_t a = lo[r] - j0, e = hi[r] - j0;
+            a = a < 0 ? 0 : (a > n ? n : a);
+            e = e < 0 ? 0 : (e > n ? n : e);
+            float *srow = s + (size_t)r * KEYS;
+            if (a >= e) { /* this row sees none of the block */
+                ncols[r] = 0;
+                continue;
+            }
+            ncols[r] = (int)e;
+            for (int64_t c = 0; c < a; c++) /* the window's left edge */
+                srow[c] = -INFINITY;
+            if (mods)
+                apply_mods(pr, srow, (int)a, (int)e, (r0 + r) / G, hk * G + (r0 + r) % G, b,
+                           off, j0);
+        }
+        kern->softmax(s, m, n, ncols, 1.0f, row_max, row_sum, acc, dp);
+        for (int c = 0; c < n; c++)
+            flashc_load_row(vrows + (size_t)c * dp,
+                            flashc_kvcache_row(pr, job->vc, b, j0 + c, hk), bp->dtype, dim);
+        kern->gemm_acc(m, n, dp, s, vrows, acc);
+    }
+
+    for (int r = 0; r < m; r++) {
+        const int64_t i = (r0 + r) / G, h = hk * G + (r0 + r) % G;
+        float *arow = acc + (size_t)r * dp;
+        float lse_r, inv = 1.0f;
+        if (row_sum[r] > 0.0f) {
+            inv = 1.0f / row_sum[r];
+            lse_r = row_max[r] + logf(row_sum[r]);
+        } else { /* no visible key in this split (or at all) */
+            memset(arow, 0, (size_t)dp * sizeof(float));
+            lse_r = -INFINITY;
+        }
+        if (job->splits == 1) {
+            *flashc_lse_ptr(job->lse, b, h, i) = lse_r;
+            flashc_cpu_store_rows(job->out, arow, dp, b, i, 1, h, inv);
+        } else {
+            const int64_t B = bp->batch, nq = bp->seqlen_q, hq = bp->heads_q;
+            float *po = job->part_out + ((((int64_t)split * B + b) * nq + i) * hq + h) * dim;
+            for (int64_t d = 0; d < dim; d++)
+                po[d] = arow[d] * inv;
+            job->part_lse[(((int64_t)split * B + b) * hq + h) * nq + i] = lse_r;
+        }
+    }
+}
+
+/* Views of split s of sequence b's partial results: [1, Nq, Hq, D] and [1, Hq, Nq]. */
+static void part_views(const decode_job *job, int32_t s, int64_t b, flashc_tensor *o,
+                       flashc_tensor *l)
+{
+    const flashc_problem *bp = &job->pr->base;
+    const int64_t B = bp->batch, nq = bp->seqlen_q, hq = bp->heads_q, dim = bp->head_dim;
+    memset(o, 0, sizeof *o);
+    o->data = job->part_out + ((int64_t)s * B + b) * nq * hq * dim;
+    o->dtype = FLASHC_F32;
+    o->ndim = 4;
+    o->shape[0] = 1, o->shape[1] = nq, o->shape[2] = hq, o->shape[3] = dim;
+    o->stride[0] = nq * hq * dim, o->stride[1] = hq * dim, o->stride[2] = dim, o->stride[3] = 1;
+    memset(l, 0, sizeof *l);
+    l->data = job->part_lse + ((int64_t)s * B + b) * hq * nq;
+    l->dtype = FLASHC_F32;
+    l->ndim = 3;
+    l->shape[0] = 1, l->shape[1] = hq, l->shape[2] = nq;
+    l->stride[0] = hq * nq, l->stride[1] = nq, l->stride[2] = 1;
+}
+
+/* Second pass, one task per sequence: its splits merged into out and lse. */
+static void merge_task(void *ctx, int64_t b, int thread)
+{
+    decode_job *job = ctx;
+    const flashc_problem *bp = &job->pr->base;
+    flashc_tensor outs[FLASHC_KVCACHE_MAX_SPLITS], lses[FLASHC_KVCACHE_MAX_SPLITS];
+    for (int32_t s = 0; s < job->splits; s++)
+        part_views(job, s, b, &outs[s], &lses[s]);
+    flashc_merge_problem mp;
+    memset(&mp, 0, sizeof mp);
+    mp.batch = 1;
+    mp.seqlen = bp->seqlen_q;
+    mp.heads = bp->heads_q;
+    mp.head_dim = bp->head_dim;
+    int32_t n = job->splits;
+    if (n > MERGE_GROUP) { /* groups merged in place into their first part, then the firsts */
+        mp.in_place = 1;
+        int32_t leaders = 0;
+        for (int32_t g = 0; g < n; g += MERGE_GROUP) {
+            mp.n_parts = n - g < MERGE_GROUP ? n - g : MERGE_GROUP;
+            if (mp.n_parts > 1)
+                flashc_host_merge(NULL, &mp, &outs[g], &lses[g], &outs[g], &lses[g]);
+            outs[leaders] = outs[g];
+            lses[leaders] = lses[g];
+            leaders++;
+        }
+        n = leaders;
+        mp.in_place = 0;
+    }
+    flashc_tensor o = *job->out, l = *job->lse;
+    o.data = flashc_row_ptr(job->out, b, 0, 0);
+    o.shape[0] = 1;
+    l.data = flashc_lse_ptr(job->lse, b, 0, 0);
+    l.shape[0] = 1;
+    mp.n_parts = n;
+    /* at most MERGE_GROUP parts: the host merge's weights stay on its stack, no allocation */
+    flashc_host_merge(NULL, &mp, outs, lses, &o, &l);
+}
+
+flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
+                                         const flashc_tensor *q, flashc_tensor *k_cache,
+                                         flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                         const flashc_tensor *v_new, flashc_tensor *out,
+                                         flashc_tensor *lse)
+{
+    flashc_cpu_state *st = state;
+    const flashc_problem *bp = &pr->base;
+    decode_job job;
+    memset(&job, 0, sizeof job);
+    job.pr = pr;
+    job.kern = st->kernels;
+    job.q = q;
+    job.kc = k_cache;
+    job.vc = v_cache;
+    job.out = out;
+    job.lse = lse;
+    job.dp = flashc_cpu_padded_dim(bp->head_dim);
+    job.group = bp->heads_q / bp->heads_kv;
+    job.rows_total = job.group * bp->seqlen_q;
+    job.chunks = flashc_cpu_blocks(job.rows_total, ROWS);
+    const int threads = flashc_threadpool_size(st->pool);
+    const int64_t tasks = bp->batch * bp->heads_kv * job.chunks;
+
+    /* a split is at least 16 keys, and no split is left wholly past the longest sequence */
+    int32_t splits = pr->num_splits > 0
+                         ? pr->num_splits
+                         : flashc_kvcache_num_splits(tasks, pr->max_len, threads, 256);
+    int64_t per = (pr->max_len + splits - 1) / splits;
+    per = per < 16 ? 16 : (per + 15) & ~(int64_t)15;
+    job.split_keys = per;
+    job.splits = (int32_t)((pr->max_len + per - 1) / per);
+    if (job.splits < 1)
+        job.splits = 1;
+
+    /* everything is allocated before the append and the first output write */
+    const size_t scratch_floats = flashc_cpu_lines(decode_scratch_floats(job.dp));
+    size_t part_floats = 0, lse_floats = 0;
+    if (job.splits > 1) {
+        part_floats = flashc_cpu_lines((size_t)(job.splits * bp->batch * bp->seqlen_q *
+                                                bp->heads_q * bp->head_dim));
+        lse_floats = flashc_cpu_lines((size_t)(job.splits * bp->batch * bp->heads_q *
+                                               bp->seqlen_q));
+    }
+    cpu_workspace ws;
+    flashc_status status = flashc_cpu_workspace_get(
+        st, ((size_t)threads * scratch_floats + part_floats + lse_floats) * sizeof(float), &ws);
+    if (status != FLASHC_OK)
+        return status;
+    job.scratch.base = (float *)ws.base;
+    job.scratch.floats_per_thread = scratch_floats;
+    job.part_out = job.scratch.base + (size_t)threads * scratch_floats;
+    job.part_lse = job.part_out + part_floats;
+
+    flashc_host_kvcache_append(pr, k_cache, v_cache, k_new, v_new);
+    flashc_threadpool_run(st->pool, tasks * job.splits, decode_task, &job);
+    if (job.splits > 1)
+        flashc_threadpool_run(st->pool, bp->batch, merge_task, &job);
+    flashc_cpu_workspace_put(st, &ws);
+    return FLASHC_OK;
+}
