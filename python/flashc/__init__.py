@@ -6,6 +6,7 @@ build serves every Python and PyTorch version.
     import flashc
     out, lse = flashc.forward(q, k, v, causal=True)          # numpy, [batch, seqlen, heads, dim]
     dq, dk, dv = flashc.backward(dout, q, k, v, out, lse, causal=True)
+    out, lse = flashc.forward_kvcache(q, k_cache, v_cache, cache_seqlens, k=k_new, v=v_new)
 
 PyTorch (CPU and CUDA tensors, autograd, torch.compile) lives in flashc.torch, imported on
 demand so that numpy users never import torch.
@@ -22,7 +23,7 @@ from ._lib import (
     library_path,
     version,
 )
-from ._numpy import backward, forward
+from ._numpy import backward, forward, forward_kvcache
 
 __version__ = version()
 
@@ -36,6 +37,7 @@ __all__ = [
     "backends",
     "backward",
     "forward",
+    "forward_kvcache",
     "get_backend",
     "library_path",
 ]

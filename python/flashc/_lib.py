@@ -144,6 +144,19 @@ class Params(ctypes.Structure):
     ]
 
 
+class KvcacheParams(ctypes.Structure):
+    """flashc_kvcache_params."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("cache_seqlens", ctypes.c_void_p),
+        ("block_table", ctypes.c_void_p),
+        ("max_pages_per_seq", ctypes.c_int32),
+        ("block_table_stride", ctypes.c_int64),
+        ("num_splits", ctypes.c_int32),
+    ]
+
+
 class BackendConfig(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -212,6 +225,14 @@ flashc_backward = _prototype(
 flashc_backward_workspace_size = _prototype(
     "flashc_backward_workspace_size", ctypes.c_int, _BackendP, _ParamsP, _TensorP, _TensorP,
     ctypes.POINTER(ctypes.c_size_t),
+)
+
+_kvcache_params_init_sized = _prototype(
+    "flashc_kvcache_params_init_sized", None, ctypes.POINTER(KvcacheParams), ctypes.c_size_t
+)
+flashc_forward_kvcache = _prototype(
+    "flashc_forward_kvcache", ctypes.c_int, _BackendP, _ParamsP, ctypes.POINTER(KvcacheParams),
+    _TensorP, _TensorP, _TensorP, _TensorP, _TensorP, _TensorP, _TensorP,
 )
 
 # -------------------------------------------------------------------------------------------
@@ -406,3 +427,25 @@ def backward_workspace_size(backend, params, q, k):
     check(flashc_backward_workspace_size(backend.handle, ctypes.byref(params), ctypes.byref(q),
                                          ctypes.byref(k), ctypes.byref(size)))
     return size.value
+
+
+def make_kvcache_params(cache_seqlens, block_table=None, max_pages_per_seq=0,
+                        block_table_stride=0, num_splits=0):
+    """A flashc_kvcache_params; cache_seqlens and block_table are addresses of int32 arrays
+    that the caller keeps alive through the call."""
+    kv = KvcacheParams()
+    _kvcache_params_init_sized(ctypes.byref(kv), ctypes.sizeof(KvcacheParams))
+    kv.cache_seqlens = cache_seqlens
+    kv.block_table = block_table
+    kv.max_pages_per_seq = int(max_pages_per_seq)
+    kv.block_table_stride = int(block_table_stride)
+    kv.num_splits = int(num_splits)
+    return kv
+
+
+def forward_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse):
+    """flashc_forward_kvcache; k_new and v_new may be None (no append)."""
+    ref = ctypes.byref
+    check(flashc_forward_kvcache(backend.handle, ref(params), ref(kv), ref(q), ref(k_cache),
+                                 ref(v_cache), ref(k_new) if k_new is not None else None,
+                                 ref(v_new) if v_new is not None else None, ref(out), ref(lse)))

@@ -271,3 +271,94 @@ def backward(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
 
 forward.__doc__ += _FEATURE_DOC
 backward.__doc__ += _FEATURE_DOC
+
+
+def _cache_array(name, array, writable):
+    """(array, flashc_tensor) for a KV cache, described in place and never copied: the append
+    writes into it, so a copy would lose the new keys."""
+    if not isinstance(array, np.ndarray):
+        raise FlashcError(Status.ERROR_INVALID_PARAM,
+                          "%s: must be a numpy array, not %s" % (name, type(array).__name__))
+    _check_attention_ndim(name, array)
+    if writable and not array.flags.writeable:
+        raise FlashcError(Status.ERROR_INVALID_PARAM,
+                          "%s: array is read-only, and k/v are appended into it" % name)
+    code = dtype_code(name, array.dtype)
+    strides = element_strides(array, True)
+    if strides is None:
+        raise FlashcError(Status.ERROR_INVALID_STRIDE,
+                          "%s: strides %s cannot be described without a copy (head_dim must be "
+                          "contiguous, strides non-negative)" % (name, array.strides))
+    return array, _lib.make_tensor(array.ctypes.data, code, array.shape, strides)
+
+
+def _int32_array(name, values, ndim):
+    array = np.ascontiguousarray(np.asarray(values), dtype=np.int32)
+    if array.ndim != ndim:
+        raise FlashcError(Status.ERROR_INVALID_SIZE,
+                          "%s: ndim is %d, expected %d" % (name, array.ndim, ndim))
+    return array
+
+
+def forward_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None,
+                    causal=False, softmax_scale=None, causal_mode="bottom_right",
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0,
+                    backend=None, num_threads=None, out=None, lse=None):
+    """Decoding: attention of a few new queries against each sequence's KV cache (numpy).
+
+    q: [batch, seqlen_q, heads_q, head_dim].
+    k_cache, v_cache: [batch, capacity, heads_kv, head_dim], or with block_table a paged pool
+        [num_pages, page_size, heads_kv, head_dim] (page_size a power of two >= 16); block_table
+        int32 [batch, max_pages_per_seq]. Read in place, never copied.
+    cache_seqlens: int32 [batch] (or an int for all): tokens already cached per sequence.
+    k, v: optional [batch, seqlen_new, heads_kv, head_dim], written into k_cache / v_cache at
+        positions cache_seqlens[b] .. before the attention (the caches are modified in place;
+        cache_seqlens is not: advance it yourself).
+    Sequence b then has cache_seqlens[b] + seqlen_new keys; causal aligns bottom-right to it.
+    num_splits: 0 lets flashc choose the split-KV count, n > 0 forces n.
+    Returns (out, lse) like forward(). flashc.h (flashc_forward_kvcache) states every rule.
+    """
+    q, q_t = _input("q", q)
+    _check_attention_ndim("q", q)
+    append = k is not None or v is not None
+    if append and (k is None or v is None):
+        raise FlashcError(Status.ERROR_NULL_POINTER, "k and v: an append needs both")
+    k_cache, kc_t = _cache_array("k_cache", k_cache, append)
+    v_cache, vc_t = _cache_array("v_cache", v_cache, append)
+    batch, seqlen_q, heads_q, _ = q.shape
+    if np.isscalar(cache_seqlens) or np.asarray(cache_seqlens).ndim == 0:
+        cache_seqlens = np.full((batch,), int(cache_seqlens), dtype=np.int32)
+    seqlens = _int32_array("cache_seqlens", cache_seqlens, 1)
+    if seqlens.shape[0] != batch:
+        raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                          "cache_seqlens: %d entries but q has batch %d" % (seqlens.shape[0], batch))
+    keep = [seqlens]
+    table_ptr, max_pages = None, 0
+    if block_table is not None:
+        table = _int32_array("block_table", block_table, 2)
+        if table.shape[0] != batch:
+            raise FlashcError(Status.ERROR_SHAPE_MISMATCH,
+                              "block_table: %d rows but q has batch %d" % (table.shape[0], batch))
+        keep.append(table)
+        table_ptr, max_pages = table.ctypes.data, table.shape[1]
+    k_t = v_t = None
+    if append:
+        _check_attention_ndim("k", np.asarray(k))
+        _check_attention_ndim("v", np.asarray(v))
+        k, k_t = _input("k", k)
+        v, v_t = _input("v", v)
+        keep += [k, v]
+    features = _Features(batch, heads_q, window_size, softcap, alibi_slopes, 0.0, 0, 0, None,
+                         None, None, None)
+    out_o = _Output("out", out, q.shape, q.dtype)
+    lse_o = _Output("lse", lse, (batch, heads_q, seqlen_q), np.float32, last_contiguous=False)
+    params = _lib.make_params(softmax_scale, _lib.causal_mode_of(causal, causal_mode),
+                              **features.keywords)
+    kv = _lib.make_kvcache_params(seqlens.ctypes.data, table_ptr, max_pages, 0, num_splits)
+    _lib.forward_kvcache(_host_backend(backend, num_threads), params, kv, q_t, kc_t, vc_t, k_t,
+                         v_t, out_o.tensor, lse_o.tensor)
+    del keep
+    return out_o.finish(), lse_o.finish()
+
+
+forward_kvcache.__doc__ += _FEATURE_DOC.split("    dropout_p")[0]

@@ -3,6 +3,7 @@
     from flashc.torch import flash_attn_func, scaled_dot_product_attention
     out = flash_attn_func(q, k, v, causal=True)                   # [batch, seqlen, heads, dim]
     out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k)  # [total, heads, dim]
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)  # decoding
     out = scaled_dot_product_attention(q, k, v, is_causal=True)   # [batch, heads, seqlen, dim]
 
 The library is called through ctypes on the tensors' memory, so nothing is compiled against
@@ -26,7 +27,7 @@ from . import _lib
 from ._lib import Causal, DType, FlashcError, Status
 
 __all__ = ["FlashAttnFunction", "flash_attn_func", "flash_attn_varlen_func",
-           "scaled_dot_product_attention"]
+           "flash_attn_with_kvcache", "scaled_dot_product_attention"]
 
 _DTYPE_CODES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
 
@@ -471,3 +472,100 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         False, backend or "")
     out = out.transpose(1, 2)
     return out.squeeze(1) if no_head_dim else out
+
+
+# -------------------------------------------------------------------------------------------
+# Decoding from a KV cache
+# -------------------------------------------------------------------------------------------
+
+
+def _index_tensor(name, values, device, ndim):
+    """An int32 contiguous tensor on `device` (the library reads it there) from a tensor, a
+    sequence or an int."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
+    tensor = tensor.to(device=device, dtype=torch.int32).contiguous()
+    if tensor.dim() != ndim:
+        raise FlashcError(Status.ERROR_INVALID_SIZE,
+                          "%s: ndim is %d, expected %d" % (name, tensor.dim(), ndim))
+    return tensor
+
+
+@torch.no_grad()
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, backend=None):
+    """flash_attn.flash_attn_with_kvcache's signature, computed by flashc (no autograd: a
+    decoding step).
+
+    q: [batch, seqlen_q, heads_q, head_dim]. k_cache, v_cache: [batch, capacity, heads_kv,
+    head_dim], or with block_table (int32 [batch, max_pages_per_seq]) a paged pool
+    [num_pages, page_size, heads_kv, head_dim], page_size a power of two >= 16. They are read,
+    and with k, v ([batch, seqlen_new, heads_kv, head_dim]) written, in place: k and v are
+    appended at positions cache_seqlens[b] .. of each sequence before the attention, and
+    cache_seqlens (int or int32 [batch]; None: the whole capacity, without an append) is not
+    advanced. Causal aligns bottom-right to each sequence's cache_seqlens[b] + seqlen_new
+    keys; window_size, softcap and alibi_slopes as in flash_attn_func. num_splits: 0 lets
+    flashc pick the split-KV count. Not implemented: rotary embeddings, cache_batch_idx,
+    cache_leftpad. Returns out, or (out, softmax_lse [batch, heads_q, seqlen_q]) with
+    return_softmax_lse.
+    """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise _unsupported("%s: not implemented by flashc's flash_attn_with_kvcache; apply "
+                               "rotary embeddings to q and k first, and index the cache "
+                               "yourself" % name)
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if (k is None) != (v is None):
+        raise FlashcError(Status.ERROR_NULL_POINTER, "k and v: an append needs both")
+    if k is not None:
+        named += [("k", k), ("v", v)]
+    _check_attention_tensors(named)
+    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
+        # The caches are written in place: a copy would lose the appended keys.
+        if tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+            raise FlashcError(Status.ERROR_INVALID_STRIDE,
+                              "%s: head_dim must be contiguous (stride 1) to be used in place"
+                              % name)
+    q = _readable(q)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    device = q.device
+    if cache_seqlens is None:
+        if k is not None or block_table is not None:
+            raise FlashcError(Status.ERROR_NULL_POINTER,
+                              "cache_seqlens: needed with k/v (the append position) and with "
+                              "block_table")
+        cache_seqlens = k_cache.shape[1]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+    seqlens = _index_tensor("cache_seqlens", cache_seqlens, device, 1)
+    keep = [seqlens]
+    table_ptr, max_pages = None, 0
+    if block_table is not None:
+        table = _index_tensor("block_table", block_table, device, 2)
+        keep.append(table)
+        table_ptr, max_pages = table.data_ptr(), table.shape[1]
+    k_t = v_t = None
+    if k is not None:
+        k, v = _readable(k), _readable(v)
+        keep += [k, v]
+        k_t, v_t = _describe("k", k), _describe("v", v)
+    features, feature_keep = _feature_keywords(q, alibi_slopes, 0.0, 0, 0, None, None, 0, 0)
+    keep += feature_keep
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
+    window_left, window_right = (int(w) for w in window_size)
+    with _DeviceCall(device, backend) as call:
+        params = _lib.make_params(_resolve_scale(softmax_scale, head_dim),
+                                  _lib.causal_mode_of(causal, "bottom_right"), window_left,
+                                  window_right, float(softcap), stream=call.stream, **features)
+        kv = _lib.make_kvcache_params(seqlens.data_ptr(), table_ptr, max_pages, 0,
+                                      int(num_splits))
+        _lib.forward_kvcache(call.backend, params, kv, _describe("q", q),
+                             _describe("k_cache", k_cache), _describe("v_cache", v_cache), k_t,
+                             v_t, _describe("out", out), _describe("lse", lse))
+    del keep
+    return (out, lse) if return_softmax_lse else out
