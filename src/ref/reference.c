@@ -91,8 +91,8 @@ static double score_row(const flashc_problem *pr, const flashc_seq *sq, int64_t 
         if (pr->features & FLASHC_FEATURE_ALIBI)
             x -= slope * fabs((double)(i + off - j));
         srow[j] = x;
-        if (x > mx)
-            mx = x;
+        if (x > mx || x != x) /* a NaN score makes the row NaN, not "masked" */
+            mx = x != x || mx != mx ? NAN : x;
     }
     return mx;
 }
@@ -228,7 +228,8 @@ flashc_status flashc_ref_backward_f64(const flashc_problem *pr, const flashc_ten
                     for (int64_t d = 0; d < dim; d++)
                         acc += doi[d] * s.vh[j * dim + d];
                     s.dprow[j] = acc * dropout_factor(pr, b, h, i, j);
-                    delta += s.srow[j] * s.dprow[j];
+                    if (s.srow[j] != 0.0) /* a masked key's V (even NaN) adds nothing */
+                        delta += s.srow[j] * s.dprow[j];
                 }
                 double *dqi = dq + ((sq.batch * nq_all + sq.q0 + i) * pr->heads_q + h) * dim;
                 for (int64_t j = 0; j < nk; j++) {

@@ -177,6 +177,37 @@ static void check_closed_form(void)
     tt_free(&v);
 }
 
+/* Garbage (NaN) in a key or value that a row cannot see must not reach that row, and a NaN
+ * score in a visible entry must make its row NaN rather than "fully masked". */
+static void check_nan_isolation(void)
+{
+    flashc_problem pr = tiny_problem(4, 4, 1, 1, 2, FLASHC_CAUSAL_BOTTOM_RIGHT);
+    test_rng rng;
+    rng_seed(&rng, 8);
+    test_tensor q = tt_alloc(FLASHC_F32, 1, 4, 1, 2, LAYOUT_BSHD);
+    test_tensor k = tt_alloc(FLASHC_F32, 1, 4, 1, 2, LAYOUT_BSHD);
+    test_tensor v = tt_alloc(FLASHC_F32, 1, 4, 1, 2, LAYOUT_BSHD);
+    test_tensor dout = tt_alloc(FLASHC_F32, 1, 4, 1, 2, LAYOUT_BSHD);
+    tt_fill_normal(&q, &rng, 1.0);
+    tt_fill_normal(&k, &rng, 1.0);
+    tt_fill_normal(&v, &rng, 1.0);
+    tt_fill_normal(&dout, &rng, 1.0);
+    ((float *)v.buffer)[3 * 2] = NAN; /* key 3: seen by query 3 only */
+    ((float *)k.buffer)[3 * 2 + 1] = NAN;
+    double o[8], lse[4], dq[8], dk[8], dv[8];
+    flashc_ref_forward_f64(&pr, &q.t, &k.t, &v.t, o, lse);
+    flashc_ref_backward_f64(&pr, &dout.t, &q.t, &k.t, &v.t, dq, dk, dv);
+    for (int i = 0; i < 3; i++)
+        for (int d = 0; d < 2; d++)
+            CHECK(isfinite(o[i * 2 + d]) && isfinite(dq[i * 2 + d]) && isfinite(lse[i]),
+                  "row %d, which cannot see key 3, was reached by its NaN", i);
+    CHECK(isnan(o[3 * 2]) && isnan(lse[3]), "row 3 sees a NaN score: O and LSE must be NaN");
+    tt_free(&q);
+    tt_free(&k);
+    tt_free(&v);
+    tt_free(&dout);
+}
+
 int main(void)
 {
     check_gradients(4, 5, 1, 1, 3, FLASHC_CAUSAL_NONE, 1);
@@ -185,5 +216,6 @@ int main(void)
     check_gradients(1, 1, 1, 1, 1, FLASHC_CAUSAL_NONE, 4);
     check_lse_and_masking();
     check_closed_form();
+    check_nan_isolation();
     return test_finish("test_reference");
 }
