@@ -174,9 +174,13 @@ static void forward_task(void *ctx, int64_t task, int thread)
         if (row_sum[r] > 0.0f) {
             inv = 1.0f / row_sum[r];
             lse_r = row_max[r] + logf(row_sum[r]);
-        } else { /* every key masked */
+        } else if (row_sum[r] == 0.0f) { /* every key masked */
             memset(arow, 0, (size_t)dp * sizeof(float));
             lse_r = -INFINITY;
+        } else { /* a NaN score (or scores past float's range): say so, never "masked" */
+            for (ptrdiff_t d = 0; d < dp; d++)
+                arow[d] = NAN;
+            lse_r = NAN;
         }
         *flashc_lse_ptr(job->lse, sq.batch, h, sq.q0 + i0 + r) = lse_r;
         flashc_cpu_store_rows(job->out, arow, dp, sq.batch, sq.q0 + i0 + r, 1, h, inv);
