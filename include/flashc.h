@@ -321,8 +321,11 @@ FLASHC_API flashc_status flashc_backward(flashc_backend *backend, const flashc_p
                                          const flashc_tensor *out, const flashc_tensor *lse,
                                          flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
 
-/* Bytes of scratch the backward needs for these shapes (0 when it needs none). A caller who
- * passes params->workspace of at least this size makes the backward allocation-free. */
+/* Bytes of caller scratch the backward can use for these shapes (0 when it needs none). On
+ * CUDA, a params->workspace of at least this size makes the backward free of device
+ * allocations (and so capturable in a CUDA graph without the stream-ordered allocator). The
+ * CPU backend takes its delta rows from it and keeps the rest of its scratch (packed panels,
+ * per-thread blocks) in the handle, allocated on first use and reused by later calls. */
 FLASHC_API flashc_status flashc_backward_workspace_size(flashc_backend *backend,
                                                         const flashc_params *params,
                                                         const flashc_tensor *q,
