@@ -35,9 +35,13 @@ typedef struct decode_job {
     const flashc_tensor *q, *kc, *vc;
     flashc_tensor *out, *lse;
     int dp;
+    int use16;          /* bf16 operands through gemm_panel16 / gemm_acc16 */
     int64_t group;      /* query heads per kv head */
-    int64_t rows_total; /* group * Nq */
-    int64_t chunks;     /* row chunks of ROWS per (sequence, kv head) */
+    int64_t rows_total; /* (query, head) pairs of one kv head's group: group * Nq */
+    int64_t chunks;     /* row chunks of ROWS per kv head (1 unless rows_total > ROWS) */
+    int64_t heads_per_task; /* kv heads whose groups one task takes together */
+    int64_t seg_stride; /* rows between their segments (see task_rows) */
+    int64_t tiles;      /* tasks per sequence and split along the kv heads */
     int32_t splits;
     int64_t split_keys; /* keys per split (the last may be shorter or empty) */
     float *part_out;    /* splits > 1: [splits][B][Nq][Hq][D] */
@@ -50,8 +54,9 @@ static size_t decode_scratch_floats(int dp)
     return flashc_cpu_lines((size_t)ROWS * dp) * 3 + /* Q, O, V rows */
            flashc_cpu_lines((size_t)dp * KEYS) +     /* K^T panel */
            flashc_cpu_lines(ROWS * KEYS) +           /* S / P */
+           flashc_cpu_lines(ROWS * KEYS / 2) +       /* P in bf16 */
            flashc_cpu_lines(ROWS) * 3 +              /* max, sum, ncols */
-           flashc_cpu_lines((size_t)dp);             /* one converted row */
+           flashc_cpu_lines((size_t)8 * dp);         /* eight converted K rows */
 }
 
 /* The sequence as flashc_seq_key_range sees it: Nq queries against L_b keys. */
@@ -86,6 +91,119 @@ static void apply_mods(const flashc_kvcache_problem *pr, float *srow, int a, int
     }
 }
 
+/* Asks for the K and V rows of keys [j0, min(j0 + KEYS, end)), kv heads [h0, h1), to be
+ * brought into cache. */
+static void prefetch_block(const flashc_kvcache_problem *pr, const flashc_tensor *kc,
+                           const flashc_tensor *vc, int64_t b, int64_t h0, int64_t h1,
+                           int64_t j0, int64_t end, int64_t row_bytes)
+{
+    const int64_t j1 = j0 + KEYS < end ? j0 + KEYS : end;
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t h = h0; h < h1; h++) {
+            const char *kr = flashc_kvcache_row(pr, kc, b, j, h);
+            const char *vr = flashc_kvcache_row(pr, vc, b, j, h);
+            for (int64_t at = 0; at < row_bytes; at += 64) {
+                __builtin_prefetch(kr + at);
+                __builtin_prefetch(vr + at);
+            }
+        }
+}
+
+/* panel[d][c] = key j0 + c of kv head h, dim d, for c < n (the K^T panel of kernels.h).
+ * Eight keys are converted to float rows first and then written eight columns at a time:
+ * one store per element into a different cache line each (a key at a time) cost more than
+ * the products. */
+static void pack_panel(const flashc_kvcache_problem *pr, const flashc_tensor *kc, int64_t b,
+                       int64_t j0, int n, int64_t h, int64_t dim, int dp, float *tmp,
+                       float *panel)
+{
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        const int w = n - c0 < 8 ? n - c0 : 8;
+        for (int k = 0; k < w; k++)
+            flashc_load_row(tmp + (size_t)k * dp, flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h),
+                            pr->base.dtype, dim);
+        if (w == 8) {
+            for (int64_t d = 0; d < dim; d++) {
+                float *dst = panel + d * KEYS + c0;
+                for (int k = 0; k < 8; k++)
+                    dst[k] = tmp[(size_t)k * dp + d];
+            }
+        } else {
+            for (int64_t d = 0; d < dim; d++)
+                for (int k = 0; k < w; k++)
+                    panel[d * KEYS + c0 + k] = tmp[(size_t)k * dp + d];
+        }
+    }
+}
+
+/* bf16 caches on a set with a bf16 dot product: K^T in the pair layout of kernels.h
+ * (panel16[d/2][c][d%2]) copied 32 bits at a time straight from the cache rows, no
+ * conversion, half the stores of the float32 panel. head_dim is even on this path. */
+static void pack_panel16(const flashc_kvcache_problem *pr, const flashc_tensor *kc, int64_t b,
+                         int64_t j0, int n, int64_t h, int64_t dim, uint32_t *panel)
+{
+    const int64_t pairs = dim / 2;
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        const int w = n - c0 < 8 ? n - c0 : 8;
+        const uint32_t *rows[8];
+        for (int k = 0; k < w; k++)
+            rows[k] = (const uint32_t *)flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h);
+        for (int64_t p = 0; p < pairs; p++) {
+            uint32_t *dst = panel + p * KEYS + c0;
+            for (int k = 0; k < w; k++)
+                dst[k] = rows[k][p];
+        }
+    }
+}
+
+/* V of keys [j0, j0 + n) in the pair layout (vpair16[c/2][d][c%2]); the partner of an odd
+ * last key is zero. */
+static void pack_vpair16(const flashc_kvcache_problem *pr, const flashc_tensor *vc, int64_t b,
+                         int64_t j0, int n, int64_t h, int64_t dim, int dp, uint16_t *dst)
+{
+    for (int c = 0; c < n; c += 2) {
+        const uint16_t *v0 = flashc_kvcache_row(pr, vc, b, j0 + c, h);
+        const uint16_t *v1 = c + 1 < n ? flashc_kvcache_row(pr, vc, b, j0 + c + 1, h) : NULL;
+        uint16_t *out = dst + (size_t)(c / 2) * dp * 2;
+        if (v1)
+            for (int64_t d = 0; d < dim; d++) {
+                out[2 * d] = v0[d];
+                out[2 * d + 1] = v1[d];
+            }
+        else
+            for (int64_t d = 0; d < dim; d++) {
+                out[2 * d] = v0[d];
+                out[2 * d + 1] = 0;
+            }
+    }
+}
+
+/* Row r of a task: query i, query head h, kv head hk. The rows are the (query, head) pairs of
+ * the task's kv heads, kv head by kv head (a "segment" each), or, when one kv head's group
+ * has more than ROWS pairs, ROWS of them from row chunk `chunk`. */
+typedef struct task_rows {
+    int64_t b, hk0, nheads; /* kv heads [hk0, hk0 + nheads) */
+    int64_t r0;             /* first pair of the group (row chunks), else 0 */
+    int m;                  /* rows, gaps included */
+    int seg;                /* rows per kv head segment (m when nheads == 1) */
+    int stride;             /* rows from one segment to the next: seg, or seg rounded up to
+                               16 on the bf16 path, whose tile kernels (AMX) compute whole
+                               16-row strips; the rows between are gaps that see no key */
+} task_rows;
+
+/* Row r of the task, or 0 for a gap row. */
+static int row_of(const decode_job *job, const task_rows *t, int r, int64_t *i, int64_t *h,
+                  int64_t *hk)
+{
+    if (r % t->stride >= t->seg)
+        return 0;
+    const int64_t pair = t->r0 + r % t->stride;
+    *hk = t->hk0 + r / t->stride;
+    *i = pair / job->group;
+    *h = *hk * job->group + pair % job->group;
+    return 1;
+}
+
 static void decode_task(void *ctx, int64_t task, int thread)
 {
     decode_job *job = ctx;
@@ -93,14 +211,27 @@ static void decode_task(void *ctx, int64_t task, int thread)
     const flashc_problem *bp = &pr->base;
     const flashc_cpu_kernels *kern = job->kern;
     const int dp = job->dp;
-    const int64_t dim = bp->head_dim, G = job->group;
+    const int64_t dim = bp->head_dim;
     const int32_t split = (int32_t)(task % job->splits);
     int64_t rest = task / job->splits;
     const int64_t chunk = rest % job->chunks;
     rest /= job->chunks;
-    const int64_t hk = rest % bp->heads_kv, b = rest / bp->heads_kv;
-    const int64_t r0 = chunk * ROWS;
-    const int m = (int)(job->rows_total - r0 < ROWS ? job->rows_total - r0 : ROWS);
+    const int64_t tile = rest % job->tiles;
+    task_rows tr;
+    tr.b = rest / job->tiles;
+    tr.hk0 = tile * job->heads_per_task;
+    tr.nheads = bp->heads_kv - tr.hk0 < job->heads_per_task ? bp->heads_kv - tr.hk0
+                                                            : job->heads_per_task;
+    tr.r0 = chunk * ROWS;
+    if (job->chunks > 1) {
+        tr.m = (int)(job->rows_total - tr.r0 < ROWS ? job->rows_total - tr.r0 : ROWS);
+        tr.seg = tr.stride = tr.m;
+    } else {
+        tr.seg = (int)job->rows_total;
+        tr.stride = (int)job->seg_stride;
+        tr.m = (int)((tr.nheads - 1) * tr.stride + tr.seg);
+    }
+    const int64_t b = tr.b, m = tr.m;
 
     float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
     float *acc = qbuf + flashc_cpu_lines((size_t)ROWS * dp);
@@ -111,6 +242,8 @@ static void decode_task(void *ctx, int64_t task, int thread)
     float *row_sum = row_max + flashc_cpu_lines(ROWS);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(ROWS));
     float *tmp = (float *)ncols + flashc_cpu_lines(ROWS);
+    uint16_t *p16 = (uint16_t *)(tmp + flashc_cpu_lines((size_t)8 * dp));
+    const int use16 = job->use16;
 
     const flashc_seq sq = seq_of(pr, b);
     const int64_t off = flashc_seq_offset(bp, &sq);
@@ -120,8 +253,18 @@ static void decode_task(void *ctx, int64_t task, int thread)
     const int64_t ke = ks + job->split_keys < sq.nk ? ks + job->split_keys : sq.nk;
     int64_t jbeg = ke, jend = ks;
     for (int r = 0; r < m; r++) {
-        const int64_t i = (r0 + r) / G, h = hk * G + (r0 + r) % G;
-        flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
+        int64_t i, h, hk;
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
+        if (!row_of(job, &tr, r, &i, &h, &hk)) { /* a gap: zero Q, no key */
+            memset(qbuf + (size_t)r * dp, 0, (size_t)dp * sizeof(float));
+            lo[r] = hi[r] = 0;
+            continue;
+        }
+        if (use16) /* unscaled: bf16 Q is exact, the scale goes on S */
+            flashc_cpu_pack_rows16((uint16_t *)qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h);
+        else
+            flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
         flashc_seq_key_range(bp, &sq, i, &lo[r], &hi[r]);
         lo[r] = lo[r] > ks ? lo[r] : ks;
         hi[r] = hi[r] < ke ? hi[r] : ke;
@@ -129,8 +272,6 @@ static void decode_task(void *ctx, int64_t task, int thread)
             jbeg = lo[r] < jbeg ? lo[r] : jbeg;
             jend = hi[r] > jend ? hi[r] : jend;
         }
-        row_max[r] = -INFINITY;
-        row_sum[r] = 0.0f;
     }
     /* every row of the kernels' tiles and every padded dim starts at zero, so the products
      * never read stale values */
@@ -138,15 +279,27 @@ static void decode_task(void *ctx, int64_t task, int thread)
     memset(vrows, 0, (size_t)KEYS * dp * sizeof(float));
     memset(panel, 0, (size_t)dp * KEYS * sizeof(float));
     const int mods = flashc_cpu_has_mods(bp);
+    const int64_t row_bytes = dim * pr->elem_size, h1 = tr.hk0 + tr.nheads;
 
+    /* the kv heads of a task are read together, key by key: a cache row holds them side by
+     * side, so the task walks memory forward instead of striding over the other heads (one
+     * task per kv head reached a tenth of the bandwidth, stalled on TLB and cache misses) */
+    prefetch_block(pr, job->kc, job->vc, b, tr.hk0, h1, jbeg, jend, row_bytes);
     for (int64_t j0 = jbeg; j0 < jend; j0 += KEYS) {
         const int n = (int)(jend - j0 < KEYS ? jend - j0 : KEYS);
-        for (int c = 0; c < n; c++) {
-            flashc_load_row(tmp, flashc_kvcache_row(pr, job->kc, b, j0 + c, hk), bp->dtype, dim);
-            for (int64_t d = 0; d < dim; d++)
-                panel[d * KEYS + c] = tmp[d];
+        prefetch_block(pr, job->kc, job->vc, b, tr.hk0, h1, j0 + KEYS, jend, row_bytes);
+        for (int64_t t = 0; t < tr.nheads; t++) {
+            float *st = s + (size_t)t * tr.stride * KEYS;
+            if (use16) {
+                pack_panel16(pr, job->kc, b, j0, n, tr.hk0 + t, dim, (uint32_t *)panel);
+                kern->gemm_panel16(tr.seg, dp, (const uint16_t *)qbuf + (size_t)t * tr.stride * dp,
+                                   dp, (const uint16_t *)panel, st);
+            } else {
+                pack_panel(pr, job->kc, b, j0, n, tr.hk0 + t, dim, dp, tmp, panel);
+                kern->gemm_panel(tr.seg, (int)dim, qbuf + (size_t)t * tr.stride * dp, dp, panel,
+                                 st);
+            }
         }
-        kern->gemm_panel(m, (int)dim, qbuf, dp, panel, s);
         for (int r = 0; r < m; r++) {
             int64_t a = lo[r] - j0, e = hi[r] - j0;
             a = a < 0 ? 0 : (a > n ? n : a);
@@ -157,21 +310,38 @@ static void decode_task(void *ctx, int64_t task, int thread)
                 continue;
             }
             ncols[r] = (int)e;
+            if (use16) /* Q was packed unscaled */
+                for (int64_t c = a; c < e; c++)
+                    srow[c] *= bp->scale;
             for (int64_t c = 0; c < a; c++) /* the window's left edge */
                 srow[c] = -INFINITY;
-            if (mods)
-                apply_mods(pr, srow, (int)a, (int)e, (r0 + r) / G, hk * G + (r0 + r) % G, b,
-                           off, j0);
+            int64_t i, h, hk;
+            if (mods && row_of(job, &tr, r, &i, &h, &hk))
+                apply_mods(pr, srow, (int)a, (int)e, i, h, b, off, j0);
         }
-        kern->softmax(s, m, n, ncols, 1.0f, row_max, row_sum, acc, dp);
-        for (int c = 0; c < n; c++)
-            flashc_load_row(vrows + (size_t)c * dp,
-                            flashc_kvcache_row(pr, job->vc, b, j0 + c, hk), bp->dtype, dim);
-        kern->gemm_acc(m, n, dp, s, vrows, acc);
+        kern->softmax(s, (int)m, n, ncols, 1.0f, row_max, row_sum, acc, dp);
+        if (use16)
+            kern->round_p16(p16, s, (int)m, n);
+        for (int64_t t = 0; t < tr.nheads; t++) {
+            float *at = acc + (size_t)t * tr.stride * dp;
+            if (use16) {
+                pack_vpair16(pr, job->vc, b, j0, n, tr.hk0 + t, dim, dp, (uint16_t *)vrows);
+                kern->gemm_acc16(tr.seg, n, dp, p16 + (size_t)t * tr.stride * KEYS,
+                                 (const uint16_t *)vrows, at);
+                continue;
+            }
+            for (int c = 0; c < n; c++)
+                flashc_load_row(vrows + (size_t)c * dp,
+                                flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t),
+                                bp->dtype, dim);
+            kern->gemm_acc(tr.seg, n, dp, s + (size_t)t * tr.stride * KEYS, vrows, at);
+        }
     }
 
     for (int r = 0; r < m; r++) {
-        const int64_t i = (r0 + r) / G, h = hk * G + (r0 + r) % G;
+        int64_t i, h, hk;
+        if (!row_of(job, &tr, r, &i, &h, &hk))
+            continue;
         float *arow = acc + (size_t)r * dp;
         float lse_r, inv = 1.0f;
         if (row_sum[r] > 0.0f) {
@@ -272,10 +442,20 @@ flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_probl
     job.lse = lse;
     job.dp = flashc_cpu_padded_dim(bp->head_dim);
     job.group = bp->heads_q / bp->heads_kv;
+    job.use16 = bp->dtype == FLASHC_BF16 && bp->head_dim % 2 == 0 && st->kernels->gemm_panel16 &&
+                st->kernels->bf16_supported && st->kernels->bf16_supported();
     job.rows_total = job.group * bp->seqlen_q;
     job.chunks = flashc_cpu_blocks(job.rows_total, ROWS);
+    job.heads_per_task = 1;
+    job.seg_stride = job.use16 ? (job.rows_total + 15) & ~(int64_t)15 : job.rows_total;
+    if (job.chunks == 1) {
+        job.heads_per_task = job.seg_stride <= ROWS ? ROWS / job.seg_stride : 1;
+        if (job.heads_per_task > bp->heads_kv)
+            job.heads_per_task = bp->heads_kv;
+    }
+    job.tiles = flashc_cpu_blocks(bp->heads_kv, job.heads_per_task);
     const int threads = flashc_threadpool_size(st->pool);
-    const int64_t tasks = bp->batch * bp->heads_kv * job.chunks;
+    const int64_t tasks = bp->batch * job.tiles * job.chunks;
 
     /* a split is at least 16 keys, and no split is left wholly past the longest sequence */
     int32_t splits = pr->num_splits > 0
