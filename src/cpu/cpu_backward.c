@@ -54,10 +54,8 @@ static void pack_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
-    const int64_t b = flashc_cpu_blocks_seq(&job->kb, task / pr->heads_kv);
-    const int64_t within = task - flashc_cpu_blocks_start(&job->kb, b) * pr->heads_kv;
-    const int64_t nkb = flashc_cpu_blocks_count(&job->kb, b);
-    const int64_t hk = within / nkb, kblock = within % nkb;
+    int64_t b, hk, kblock;
+    flashc_cpu_pack_task_of(&job->kb, pr->heads_kv, task, &b, &hk, &kblock);
     const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N, s0 = sq.k0 + j0;
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);

@@ -144,6 +144,18 @@ static inline int64_t flashc_cpu_blocks_seq(const cpu_blocks *bl, int64_t u)
     return a;
 }
 
+/* The (sequence, kv head, key block) of a packing task: tasks run over the key blocks of every
+ * sequence, heads_kv of them per block, in the packed layout's order. */
+static inline void flashc_cpu_pack_task_of(const cpu_blocks *kb, int64_t heads_kv, int64_t task,
+                                           int64_t *b, int64_t *hk, int64_t *kblock)
+{
+    *b = flashc_cpu_blocks_seq(kb, task / heads_kv);
+    const int64_t within = task - flashc_cpu_blocks_start(kb, *b) * heads_kv;
+    const int64_t nkb = flashc_cpu_blocks_count(kb, *b);
+    *hk = within / nkb;
+    *kblock = within % nkb;
+}
+
 /* Blocks of the query side (keys = 0) or key side (keys = 1) over every sequence. */
 static inline int64_t flashc_cpu_total_blocks(const flashc_problem *pr, int keys)
 {
