@@ -377,9 +377,10 @@ FLASHC_API void flashc_kvcache_params_init_sized(flashc_kvcache_params *p, size_
  * Sequence b then holds L_b = cache_seqlens[b] + Nnew keys (0 is allowed: its rows get O = 0
  * and LSE = -inf), and its queries attend to keys [0, L_b) under flashc_params' rules with
  * Nk = L_b per sequence: causal is aligned bottom-right (query i sees key j <= i + L_b - Nq,
- * so the last new query sees every key), and window_left/right, softcap and ALiBi apply as
- * in flashc_forward. Hq a multiple of Hkv (GQA, MQA). Not supported here (answered
- * FLASHC_ERROR_UNSUPPORTED): dropout and cu_seqlens (cache_seqlens is the ragged batch).
+ * so the last new query sees every key; FLASHC_CAUSAL_TOP_LEFT keeps its j <= i), and
+ * window_left/right, softcap and ALiBi apply as in flashc_forward. Hq a multiple of Hkv
+ * (GQA, MQA). Not supported here (answered FLASHC_ERROR_UNSUPPORTED): dropout and
+ * cu_seqlens (cache_seqlens is the ragged batch).
  *
  * Checked before anything is written: every cache_seqlens[b] >= 0 and L_b <= capacity
  * (capacity = cache shape[1], or max_pages_per_seq * page_size when paged); every block_table
