@@ -368,8 +368,9 @@ static void test_grid(void)
         c.window_left = c.window_right = -1;
         run_case(&c, split_set, seed++);
     }
-    /* features: not causal, window, softcap, ALiBi, top-left causal; a cache of one key */
-    for (int f = 0; f < 6; f++) {
+    /* features: not causal, window, softcap, ALiBi, top-left causal; a cache of one key;
+     * 16 new queries of an 8:1 group (128 rows: two row chunks per kv head), in bf16 too */
+    for (int f = 0; f < 8; f++) {
         kv_case c;
         memset(&c, 0, sizeof c);
         c.dtype = FLASHC_F32;
@@ -392,6 +393,11 @@ static void test_grid(void)
             c.seqlens = lens_one;
             c.nnew = 0;
             c.nq = 1;
+        }
+        if (f >= 6) {
+            c.dtype = f == 6 ? FLASHC_F32 : FLASHC_BF16;
+            c.nq = c.nnew = 16;
+            c.heads_kv = 1;
         }
         run_case(&c, split_set, seed++);
     }
