@@ -145,13 +145,14 @@ static void pack_panel16(const flashc_kvcache_problem *pr, const flashc_tensor *
     const int64_t pairs = dim / 2;
     for (int c0 = 0; c0 < n; c0 += 8) {
         const int w = n - c0 < 8 ? n - c0 : 8;
-        const uint32_t *rows[8];
+        const char *rows[8];
         for (int k = 0; k < w; k++)
-            rows[k] = (const uint32_t *)flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h);
+            rows[k] = flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h);
+        /* memcpy: a row is only 2-byte aligned when a stride is odd (one plain load) */
         for (int64_t p = 0; p < pairs; p++) {
             uint32_t *dst = panel + p * KEYS + c0;
             for (int k = 0; k < w; k++)
-                dst[k] = rows[k][p];
+                memcpy(&dst[k], rows[k] + 4 * p, sizeof(uint32_t));
         }
     }
 }
