@@ -10,6 +10,7 @@
 #ifndef FLASHC_API_INTERNAL_H
 #define FLASHC_API_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -292,6 +293,72 @@ static inline flashc_status check_backend(const flashc_backend *backend)
     if (!backend)
         return flashc_error(FLASHC_ERROR_NULL_POINTER,
                             "backend: handle is NULL (create one with flashc_backend_create)");
+    return FLASHC_OK;
+}
+
+/* Copies a caller's struct of struct_size bytes into a defaulted one of ours: an older,
+ * shorter struct keeps our defaults for the fields it lacks; a newer, longer one is
+ * accepted only if the fields we do not know are zero (so that nothing is silently ignored). */
+static inline flashc_status copy_versioned(void *dst, size_t dst_size, const void *src,
+                                           size_t src_size, const char *what,
+                                           const char *init_fn)
+{
+    /* a real struct of a later version stays far below 4 KiB; a larger size is garbage, and
+     * scanning that many bytes of the caller's memory could fault */
+    if (src_size < sizeof(size_t) || src_size > 4096)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "%s.struct_size is %zu: initialize %s with %s()", what, src_size,
+                            what, init_fn);
+    if (src_size > dst_size) {
+        const unsigned char *extra = (const unsigned char *)src + dst_size;
+        for (size_t i = 0; i < src_size - dst_size; i++)
+            if (extra[i] != 0)
+                return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                                    "%s: set fields that this version (%s) of flashc does "
+                                    "not know (struct_size %zu > %zu)",
+                                    what, FLASHC_VERSION_STRING, src_size, dst_size);
+        src_size = dst_size;
+    }
+    memcpy(dst, src, src_size);
+    return FLASHC_OK;
+}
+
+/* The flashc_params every attention entry point reads: the caller's struct copied over the
+ * defaults (see copy_versioned), then the ranges every entry point shares. */
+static inline flashc_status check_shared_params(const flashc_params *user, flashc_params *p)
+{
+    flashc_params_init(p);
+    if (user) {
+        flashc_status st = copy_versioned(p, sizeof *p, user, user->struct_size, "params",
+                                          "flashc_params_init");
+        if (st != FLASHC_OK)
+            return st;
+    }
+    if (!isfinite(p->softmax_scale))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM, "params.softmax_scale is not finite");
+    if (p->causal != FLASHC_CAUSAL_NONE && p->causal != FLASHC_CAUSAL_BOTTOM_RIGHT &&
+        p->causal != FLASHC_CAUSAL_TOP_LEFT)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.causal is %d: use FLASHC_CAUSAL_NONE, _BOTTOM_RIGHT or "
+                            "_TOP_LEFT",
+                            (int)p->causal);
+    if (p->window_left < -1 || p->window_right < -1)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.window_left/window_right is %d/%d: each must be >= -1 "
+                            "(-1 = unbounded)",
+                            (int)p->window_left, (int)p->window_right);
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.softcap must be a finite value >= 0 (0 = off)");
+    if (p->alibi_slopes_batch_stride < 0)
+        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                            "params.alibi_slopes_batch_stride is %lld: use 0 (slopes shared by "
+                            "the batch) or a positive stride",
+                            (long long)p->alibi_slopes_batch_stride);
+    if (p->alibi_slopes_batch_stride > 0 && !p->alibi_slopes)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "params.alibi_slopes is NULL but params.alibi_slopes_batch_stride "
+                            "is set");
     return FLASHC_OK;
 }
 

@@ -83,61 +83,11 @@ void flashc_host_kvcache_append(const flashc_kvcache_problem *pr, flashc_tensor 
 /* Validation                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* A caller's versioned struct over our defaults: fields this version does not know must be
- * zero (the rule of flashc_params). */
-static flashc_status copy_struct(void *dst, size_t dst_size, const void *src, size_t src_size,
-                                 const char *what, const char *init_fn)
-{
-    if (src_size < sizeof(size_t))
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "%s.struct_size is %zu: initialize %s with %s()", what, src_size,
-                            what, init_fn);
-    if (src_size > dst_size) {
-        const unsigned char *extra = (const unsigned char *)src + dst_size;
-        for (size_t i = 0; i < src_size - dst_size; i++)
-            if (extra[i])
-                return flashc_error(FLASHC_ERROR_UNSUPPORTED,
-                                    "%s: set fields that this version (%s) of flashc does not "
-                                    "know (struct_size %zu > %zu)",
-                                    what, FLASHC_VERSION_STRING, src_size, dst_size);
-        src_size = dst_size;
-    }
-    memcpy(dst, src, src_size);
-    return FLASHC_OK;
-}
-
 /* The flashc_params fields a decode uses, range-checked as flashc_forward does, and the ones
  * it does not serve refused by name. */
 static flashc_status check_kv_params(const flashc_params *user, flashc_params *p)
 {
-    flashc_params_init(p);
-    if (user)
-        TRY(copy_struct(p, sizeof *p, user, user->struct_size, "params", "flashc_params_init"));
-    if (!isfinite(p->softmax_scale))
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM, "params.softmax_scale is not finite");
-    if (p->causal != FLASHC_CAUSAL_NONE && p->causal != FLASHC_CAUSAL_BOTTOM_RIGHT &&
-        p->causal != FLASHC_CAUSAL_TOP_LEFT)
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "params.causal is %d: use FLASHC_CAUSAL_NONE, _BOTTOM_RIGHT or "
-                            "_TOP_LEFT",
-                            (int)p->causal);
-    if (p->window_left < -1 || p->window_right < -1)
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "params.window_left/window_right is %d/%d: each must be >= -1 "
-                            "(-1 = unbounded)",
-                            (int)p->window_left, (int)p->window_right);
-    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "params.softcap must be a finite value >= 0 (0 = off)");
-    if (p->alibi_slopes_batch_stride < 0)
-        return flashc_error(FLASHC_ERROR_INVALID_PARAM,
-                            "params.alibi_slopes_batch_stride is %lld: use 0 or a positive "
-                            "stride",
-                            (long long)p->alibi_slopes_batch_stride);
-    if (p->alibi_slopes_batch_stride > 0 && !p->alibi_slopes)
-        return flashc_error(FLASHC_ERROR_NULL_POINTER,
-                            "params.alibi_slopes is NULL but params.alibi_slopes_batch_stride "
-                            "is set");
+    TRY(check_shared_params(user, p));
     if (p->cu_seqlens_q || p->cu_seqlens_k || p->num_seqs || p->max_seqlen_q || p->max_seqlen_k)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "params.cu_seqlens_q/cu_seqlens_k (variable-length batch): not "
@@ -302,7 +252,7 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
                             "kv: NULL; pass a flashc_kvcache_params with cache_seqlens");
     flashc_kvcache_params kv;
     flashc_kvcache_params_init(&kv);
-    TRY(copy_struct(&kv, sizeof kv, kv_user, kv_user->struct_size, "kv",
+    TRY(copy_versioned(&kv, sizeof kv, kv_user, kv_user->struct_size, "kv",
                     "flashc_kvcache_params_init"));
     if (!kv.cache_seqlens)
         return flashc_error(FLASHC_ERROR_NULL_POINTER,
