@@ -1,7 +1,8 @@
 /*
  * fuzz_api.c - libFuzzer target: random tensor descriptors and params thrown at
- * flashc_forward, flashc_backward and flashc_backward_workspace_size on the CPU and reference
- * backends. Every tensor points into one poisoned arena; after each call the harness checks
+ * flashc_forward, flashc_backward, flashc_backward_workspace_size, flashc_merge_accumulate and
+ * flashc_forward_kvcache (contiguous and paged caches, with and without append) on the CPU
+ * and reference backends. Every tensor points into one poisoned arena; after each call the harness checks
  * that a failed call changed no byte, and that a successful one changed only bytes inside the
  * views of its outputs. Sanitizers (address, undefined) catch the rest.
  *
@@ -187,6 +188,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flashc_tensor lse = fuzz_tensor(&r, 3, ls, FLASHC_F32), dout = fuzz_tensor(&r, 4, qs, dt);
     flashc_tensor dq = fuzz_tensor(&r, 4, qs, dt), dk = fuzz_tensor(&r, 4, ks, dt);
     flashc_tensor dv = fuzz_tensor(&r, 4, ks, dt);
+    flashc_tensor part_lse = fuzz_tensor(&r, 3, ls, FLASHC_F32);
+
+    /* a KV cache: contiguous [B, capacity, Hkv, D] (k's shape) or paged [pages, page, Hkv, D] */
+    uint8_t km = next_u8(&r);
+    int paged = km & 1, append = (km >> 1) & 1;
+    const int64_t page_size = (km & 4) ? 16 : ((km & 8) ? 32 : 17), pages = 1 + km % 5;
+    const int64_t ps[4] = {pages, page_size, s.hkv, s.dim};
+    flashc_tensor kc = paged ? fuzz_tensor(&r, 4, ps, dt) : k;
+    flashc_tensor vc = paged ? fuzz_tensor(&r, 4, ps, dt) : v;
+    flashc_kvcache_params kv;
+    flashc_kvcache_params_init(&kv);
+    /* the int32 tables live at the end of the arena, written after the poison fill below */
+    int32_t *tables = (int32_t *)(arena + ARENA_BYTES - 4096);
+    const int max_pages = 1 + next_u8(&r) % 4, table_stride = max_pages + next_u8(&r) % 2;
+    int32_t seqlens[3], table[3 * 5];
+    for (int b = 0; b < 3; b++)
+        seqlens[b] = (next_u8(&r) % 16 == 0) ? (int32_t)next_u32(&r)
+                                              : (int32_t)(next_u8(&r) % (page_size * max_pages + 2));
+    for (int i = 0; i < 3 * 5; i++)
+        table[i] = (next_u8(&r) % 16 == 0) ? (int32_t)next_u32(&r) : (int32_t)(next_u8(&r) % pages);
+    kv.cache_seqlens = tables;
+    if (paged) {
+        kv.block_table = tables + 8;
+        kv.max_pages_per_seq = max_pages;
+        kv.block_table_stride = table_stride;
+    }
+    kv.num_splits = next_u8(&r) % 8;
 
     flashc_params p;
     flashc_params_init(&p);
@@ -208,17 +236,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     default: break;
     }
 
-    const flashc_tensor *all[] = {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv};
-    if (!inside_arena(all, 9))
+    const flashc_tensor *all[] = {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &part_lse, &kc, &vc};
+    if (!inside_arena(all, 12))
         return 0;
 
     for (size_t i = 0; i < ARENA_BYTES; i++)
         arena[i] = (unsigned char)(i * 131u + 7u);
+    memcpy(tables, seqlens, sizeof seqlens);
+    memcpy(tables + 8, table, sizeof table);
     memcpy(before, arena, ARENA_BYTES);
 
     flashc_status st;
     (void)st;
-    switch ((op >> 1) % 3) {
+    switch ((op >> 1) % 5) {
     case 0: {
         st = flashc_forward(be, &p, &q, &k, &v, &o, &lse);
         flashc_tensor *outs[] = {&o, &lse};
@@ -231,10 +261,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_writes(st, outs, 3, &p);
         break;
     }
-    default: {
+    case 2: {
         size_t bytes;
         st = flashc_backward_workspace_size(be, &p, &q, &k, &bytes);
         check_writes(FLASHC_ERROR_INTERNAL, NULL, 0, NULL); /* a query writes nothing */
+        break;
+    }
+    case 3: {
+        st = flashc_merge_accumulate(be, NULL, &o, &lse, &dout, &part_lse);
+        flashc_tensor *outs[] = {&o, &lse};
+        check_writes(st, outs, 2, NULL);
+        break;
+    }
+    default: {
+        /* k_new/v_new shaped like k ([B, Nk, Hkv, D]): dk and dv's descriptors */
+        st = flashc_forward_kvcache(be, &p, &kv, &q, &kc, &vc, append ? &dk : NULL,
+                                    append ? &dv : NULL, &o, &lse);
+        /* an append may write any slot of the caches; nothing else beyond out and lse */
+        flashc_tensor *outs[] = {&o, &lse, &kc, &vc};
+        check_writes(st, outs, append ? 4 : 2, NULL);
         break;
     }
     }
