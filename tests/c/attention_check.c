@@ -41,39 +41,36 @@ static void check_error(const char *what, const char *name, test_error e, double
           tol, e.max_abs);
 }
 
-attention_errors run_attention_case(flashc_backend *be, const attention_case *c, uint64_t seed)
+attention_errors run_attention_params(flashc_backend *be, const char *what,
+                                      const flashc_params *p, const flashc_problem *pr,
+                                      test_layout layout, double std, int check_backward,
+                                      uint64_t seed, int64_t *masked_rows)
 {
     attention_errors res;
     memset(&res, 0, sizeof res);
-    char what[160];
-    describe_case(c, what, sizeof what);
     test_rng rng;
     rng_seed(&rng, seed);
-    double std = c->input_std > 0 ? c->input_std : 1.0;
+    const flashc_dtype dt = pr->dtype;
+    const int64_t b = pr->batch, nq = pr->seqlen_q, nk = pr->seqlen_k, hq = pr->heads_q,
+                  hkv = pr->heads_kv, d = pr->head_dim;
 
-    test_tensor q = tt_alloc(c->dtype, c->batch, c->seqlen_q, c->heads_q, c->head_dim, c->layout);
-    test_tensor k = tt_alloc(c->dtype, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, c->layout);
-    test_tensor v = tt_alloc(c->dtype, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, c->layout);
-    test_tensor o = tt_alloc(c->dtype, c->batch, c->seqlen_q, c->heads_q, c->head_dim, c->layout);
-    test_tensor lse = tt_alloc_lse(c->batch, c->heads_q, c->seqlen_q, c->layout == LAYOUT_PADDED);
+    test_tensor q = tt_alloc(dt, b, nq, hq, d, layout);
+    test_tensor k = tt_alloc(dt, b, nk, hkv, d, layout);
+    test_tensor v = tt_alloc(dt, b, nk, hkv, d, layout);
+    test_tensor o = tt_alloc(dt, b, nq, hq, d, layout);
+    test_tensor lse = tt_alloc_lse(b, hq, nq, layout == LAYOUT_PADDED);
     tt_fill_normal(&q, &rng, std);
     tt_fill_normal(&k, &rng, std);
     tt_fill_normal(&v, &rng, std);
+    const double tol = tolerance_for(dt);
 
-    flashc_params p;
-    flashc_params_init(&p);
-    p.causal = c->causal;
-    p.softmax_scale = c->scale;
-    flashc_problem pr = problem_of(c);
-    double tol = tolerance_for(c->dtype);
+    size_t nq_el = (size_t)(b * nq * hq * d), nk_el = (size_t)(b * nk * hkv * d);
+    double *ref_o = malloc(nq_el * sizeof(double));
+    double *ref_lse = malloc((size_t)(b * hq * nq) * sizeof(double));
+    CHECK(flashc_ref_forward_f64(pr, &q.t, &k.t, &v.t, ref_o, ref_lse) == FLASHC_OK,
+          "%s: reference forward", what);
 
-    size_t nq = (size_t)(c->batch * c->seqlen_q * c->heads_q * c->head_dim);
-    size_t nk = (size_t)(c->batch * c->seqlen_k * c->heads_kv * c->head_dim);
-    double *ref_o = malloc(nq * sizeof(double));
-    double *ref_lse = malloc((size_t)(c->batch * c->heads_q * c->seqlen_q) * sizeof(double));
-    flashc_ref_forward_f64(&pr, &q.t, &k.t, &v.t, ref_o, ref_lse);
-
-    flashc_status st = flashc_forward(be, &p, &q.t, &k.t, &v.t, &o.t, &lse.t);
+    flashc_status st = flashc_forward(be, p, &q.t, &k.t, &v.t, &o.t, &lse.t);
     CHECK(st == FLASHC_OK, "%s: forward returned %s (%s)", what, flashc_status_string(st),
           flashc_last_error());
     res.status_ok = st == FLASHC_OK;
@@ -83,18 +80,38 @@ attention_errors run_attention_case(flashc_backend *be, const attention_case *c,
     check_error(what, "out", res.out, tol);
     check_error(what, "lse", res.lse, 1e-5);
     CHECK(res.gaps_ok, "%s: forward wrote outside its output views", what);
+    if (masked_rows) /* a row that sees no key: O exactly 0 and LSE -inf, never NaN */
+        for (int64_t bb = 0; bb < b; bb++)
+            for (int64_t h = 0; h < hq; h++)
+                for (int64_t i = 0; i < nq; i++) {
+                    if (ref_lse[(bb * hq + h) * nq + i] != -INFINITY)
+                        continue;
+                    (*masked_rows)++;
+                    double l = tt_get(&lse, bb, h, i, 0);
+                    CHECK(l == -INFINITY, "%s: masked row %lld head %lld: LSE %g, not -inf",
+                          what, (long long)i, (long long)h, l);
+                    for (int64_t x = 0; x < d; x++)
+                        if (tt_get(&o, bb, i, h, x) != 0.0) {
+                            CHECK(0, "%s: masked row %lld head %lld: O[%lld] = %g, not 0",
+                                  what, (long long)i, (long long)h, (long long)x,
+                                  tt_get(&o, bb, i, h, x));
+                            break;
+                        }
+                }
 
-    if (c->check_backward && st == FLASHC_OK) {
-        test_tensor dout = tt_alloc(c->dtype, c->batch, c->seqlen_q, c->heads_q, c->head_dim, c->layout);
-        test_tensor dq = tt_alloc(c->dtype, c->batch, c->seqlen_q, c->heads_q, c->head_dim, c->layout);
-        test_tensor dk = tt_alloc(c->dtype, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, c->layout);
-        test_tensor dv = tt_alloc(c->dtype, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, c->layout);
+    if (check_backward && st == FLASHC_OK) {
+        test_tensor dout = tt_alloc(dt, b, nq, hq, d, layout);
+        test_tensor dq = tt_alloc(dt, b, nq, hq, d, layout);
+        test_tensor dk = tt_alloc(dt, b, nk, hkv, d, layout);
+        test_tensor dv = tt_alloc(dt, b, nk, hkv, d, layout);
         tt_fill_normal(&dout, &rng, 1.0);
-        double *ref_dq = malloc(nq * sizeof(double));
-        double *ref_dk = malloc(nk * sizeof(double));
-        double *ref_dv = malloc(nk * sizeof(double));
-        flashc_ref_backward_f64(&pr, &dout.t, &q.t, &k.t, &v.t, ref_dq, ref_dk, ref_dv);
-        st = flashc_backward(be, &p, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t, &dq.t, &dk.t, &dv.t);
+        double *ref_dq = malloc(nq_el * sizeof(double));
+        double *ref_dk = malloc(nk_el * sizeof(double));
+        double *ref_dv = malloc(nk_el * sizeof(double));
+        CHECK(flashc_ref_backward_f64(pr, &dout.t, &q.t, &k.t, &v.t, ref_dq, ref_dk, ref_dv) ==
+                  FLASHC_OK,
+              "%s: reference backward", what);
+        st = flashc_backward(be, p, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t, &dq.t, &dk.t, &dv.t);
         CHECK(st == FLASHC_OK, "%s: backward returned %s (%s)", what, flashc_status_string(st),
               flashc_last_error());
         res.status_ok &= st == FLASHC_OK;
@@ -106,7 +123,7 @@ attention_errors run_attention_case(flashc_backend *be, const attention_case *c,
         /* delta = rowsum(dO * O) is taken from O as stored, rounded to the dtype (as in
          * FlashAttention); dS = P (dP - delta) is a difference of nearly equal terms, and with
          * a head dim of a few elements that rounding is relatively larger in it */
-        double grad_tol = c->head_dim < 16 && c->dtype != FLASHC_F32 ? 2 * tol : tol;
+        double grad_tol = d < 16 && dt != FLASHC_F32 ? 2 * tol : tol;
         check_error(what, "dq", res.dq, grad_tol);
         check_error(what, "dk", res.dk, grad_tol);
         check_error(what, "dv", res.dv, grad_tol);
@@ -127,6 +144,20 @@ attention_errors run_attention_case(flashc_backend *be, const attention_case *c,
     tt_free(&o);
     tt_free(&lse);
     return res;
+}
+
+attention_errors run_attention_case(flashc_backend *be, const attention_case *c, uint64_t seed)
+{
+    char what[160];
+    describe_case(c, what, sizeof what);
+    flashc_params p;
+    flashc_params_init(&p);
+    p.causal = c->causal;
+    p.softmax_scale = c->scale;
+    flashc_problem pr = problem_of(c);
+    return run_attention_params(be, what, &p, &pr, c->layout,
+                                c->input_std > 0 ? c->input_std : 1.0, c->check_backward, seed,
+                                NULL);
 }
 
 static double max2(double a, double b)

@@ -7,6 +7,7 @@
 #define FLASHC_ATTENTION_CHECK_H
 
 #include "test_util.h"
+#include "backend.h"
 
 typedef struct attention_case {
     flashc_dtype dtype;
@@ -28,6 +29,14 @@ typedef struct attention_errors {
 /* Runs c on backend be with inputs from seed. Fails CHECKs on any error beyond the dtype's
  * tolerance, any non-finite output or any write outside a view; returns the figures. */
 attention_errors run_attention_case(flashc_backend *be, const attention_case *c, uint64_t seed);
+
+/* The same for any params (features included) and the reference problem pr that describes
+ * them: tensors of pr's shape in the given layout, filled from seed. With masked_rows, rows
+ * that see no key are also counted and checked to give O exactly 0 and LSE -inf. */
+attention_errors run_attention_params(flashc_backend *be, const char *what,
+                                      const flashc_params *p, const flashc_problem *pr,
+                                      test_layout layout, double std, int check_backward,
+                                      uint64_t seed, int64_t *masked_rows);
 
 /* "f16 b2 q17 k40 h4/2 d64 causal=1 bshd" */
 void describe_case(const attention_case *c, char *buf, size_t size);

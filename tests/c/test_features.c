@@ -123,8 +123,6 @@ static feat_result run_case(flashc_backend *be, const feat_case *c, uint64_t see
     memset(&res, 0, sizeof res);
     char what[256];
     describe(c, what, sizeof what);
-    test_rng rng;
-    rng_seed(&rng, seed);
 
     /* geometry: varlen packs every sequence into batch 1 */
     int32_t cu_q[MAX_SEQS + 1], cu_k[MAX_SEQS + 1], max_q = 0, max_k = 0;
@@ -169,97 +167,9 @@ static feat_result run_case(flashc_backend *be, const feat_case *c, uint64_t see
     p.dropout_seed = 0x243f6a8885a308d3ull ^ seed;
     p.dropout_offset = seed * 1000;
     flashc_problem pr = problem_of(c, &p, batch, nq, nk, max_q, max_k);
-
-    test_tensor q = tt_alloc(c->dtype, batch, nq, c->heads_q, c->head_dim, c->layout);
-    test_tensor k = tt_alloc(c->dtype, batch, nk, c->heads_kv, c->head_dim, c->layout);
-    test_tensor v = tt_alloc(c->dtype, batch, nk, c->heads_kv, c->head_dim, c->layout);
-    test_tensor o = tt_alloc(c->dtype, batch, nq, c->heads_q, c->head_dim, c->layout);
-    test_tensor lse = tt_alloc_lse(batch, c->heads_q, nq, c->layout == LAYOUT_PADDED);
-    double std = c->input_std > 0 ? c->input_std : 1.0;
-    tt_fill_normal(&q, &rng, std);
-    tt_fill_normal(&k, &rng, std);
-    tt_fill_normal(&v, &rng, std);
-
-    const double tol = tolerance_for(c->dtype);
-    size_t nq_el = (size_t)(batch * nq * c->heads_q * c->head_dim);
-    size_t nk_el = (size_t)(batch * nk * c->heads_kv * c->head_dim);
-    size_t n_lse = (size_t)(batch * c->heads_q * nq);
-    double *ref_o = malloc(nq_el * sizeof(double));
-    double *ref_lse = malloc(n_lse * sizeof(double));
-    CHECK(flashc_ref_forward_f64(&pr, &q.t, &k.t, &v.t, ref_o, ref_lse) == FLASHC_OK,
-          "%s: reference forward", what);
-
-    flashc_status st = flashc_forward(be, &p, &q.t, &k.t, &v.t, &o.t, &lse.t);
-    CHECK(st == FLASHC_OK, "%s: forward returned %s (%s)", what, flashc_status_string(st),
-          flashc_last_error());
-    res.e.status_ok = st == FLASHC_OK;
-    res.e.out = compare_dense(&o, ref_o);
-    res.e.lse = compare_lse(&lse, ref_lse);
-    res.e.gaps_ok = tt_gaps_intact(&o) && tt_gaps_intact(&lse);
-    check_error(what, "out", res.e.out, tol);
-    check_error(what, "lse", res.e.lse, 1e-5);
-    CHECK(res.e.gaps_ok, "%s: forward wrote outside its output views", what);
-    /* a row that sees no key: O exactly 0 and LSE -inf, never NaN */
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t h = 0; h < c->heads_q; h++)
-            for (int64_t i = 0; i < nq; i++) {
-                if (ref_lse[(b * c->heads_q + h) * nq + i] != -INFINITY)
-                    continue;
-                res.masked_rows++;
-                double l = tt_get(&lse, b, h, i, 0);
-                CHECK(l == -INFINITY, "%s: masked row %lld head %lld: LSE %g, not -inf", what,
-                      (long long)i, (long long)h, l);
-                for (int64_t d = 0; d < c->head_dim; d++)
-                    if (tt_get(&o, b, i, h, d) != 0.0) {
-                        CHECK(0, "%s: masked row %lld head %lld: O[%lld] = %g, not 0", what,
-                              (long long)i, (long long)h, (long long)d, tt_get(&o, b, i, h, d));
-                        break;
-                    }
-            }
-
-    if (st == FLASHC_OK) {
-        test_tensor dout = tt_alloc(c->dtype, batch, nq, c->heads_q, c->head_dim, c->layout);
-        test_tensor dq = tt_alloc(c->dtype, batch, nq, c->heads_q, c->head_dim, c->layout);
-        test_tensor dk = tt_alloc(c->dtype, batch, nk, c->heads_kv, c->head_dim, c->layout);
-        test_tensor dv = tt_alloc(c->dtype, batch, nk, c->heads_kv, c->head_dim, c->layout);
-        tt_fill_normal(&dout, &rng, 1.0);
-        double *ref_dq = malloc(nq_el * sizeof(double));
-        double *ref_dk = malloc(nk_el * sizeof(double));
-        double *ref_dv = malloc(nk_el * sizeof(double));
-        CHECK(flashc_ref_backward_f64(&pr, &dout.t, &q.t, &k.t, &v.t, ref_dq, ref_dk, ref_dv) ==
-                  FLASHC_OK,
-              "%s: reference backward", what);
-        st = flashc_backward(be, &p, &dout.t, &q.t, &k.t, &v.t, &o.t, &lse.t, &dq.t, &dk.t,
-                             &dv.t);
-        CHECK(st == FLASHC_OK, "%s: backward returned %s (%s)", what, flashc_status_string(st),
-              flashc_last_error());
-        res.e.status_ok &= st == FLASHC_OK;
-        res.e.dq = compare_dense(&dq, ref_dq);
-        res.e.dk = compare_dense(&dk, ref_dk);
-        res.e.dv = compare_dense(&dv, ref_dv);
-        int gaps = tt_gaps_intact(&dq) && tt_gaps_intact(&dk) && tt_gaps_intact(&dv);
-        res.e.gaps_ok &= gaps;
-        /* as in attention_check.c: delta comes from O rounded to the dtype */
-        double grad_tol = c->head_dim < 16 && c->dtype != FLASHC_F32 ? 2 * tol : tol;
-        check_error(what, "dq", res.e.dq, grad_tol);
-        check_error(what, "dk", res.e.dk, grad_tol);
-        check_error(what, "dv", res.e.dv, grad_tol);
-        CHECK(gaps, "%s: backward wrote outside its output views", what);
-        free(ref_dq);
-        free(ref_dk);
-        free(ref_dv);
-        tt_free(&dout);
-        tt_free(&dq);
-        tt_free(&dk);
-        tt_free(&dv);
-    }
-    free(ref_o);
-    free(ref_lse);
-    tt_free(&q);
-    tt_free(&k);
-    tt_free(&v);
-    tt_free(&o);
-    tt_free(&lse);
+    res.e = run_attention_params(be, what, &p, &pr, c->layout,
+                                 c->input_std > 0 ? c->input_std : 1.0, 1, seed,
+                                 &res.masked_rows);
     return res;
 }
 
