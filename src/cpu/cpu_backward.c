@@ -45,8 +45,7 @@ static void *packed(const backward_job *job, void *base, int64_t b, int64_t hk,
                     int64_t kblock)
 {
     const size_t esize = job->use16 ? sizeof(uint16_t) : sizeof(float);
-    return (char *)base + (size_t)(flashc_cpu_blocks_start(&job->kb, b) * job->pr->heads_kv +
-                                   hk * flashc_cpu_blocks_count(&job->kb, b) + kblock) *
+    return (char *)base + flashc_cpu_packed_index(&job->kb, job->pr->heads_kv, b, hk, kblock) *
                               (size_t)job->dp * FLASHC_CPU_BLOCK_N * esize;
 }
 

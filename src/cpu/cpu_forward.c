@@ -43,9 +43,8 @@ static size_t elem_size(const forward_job *job)
 static void *packed_block(const forward_job *job, void *base, int64_t b, int64_t hk,
                           int64_t kblock)
 {
-    size_t index = (size_t)(flashc_cpu_blocks_start(&job->kb, b) * job->pr->heads_kv +
-                            hk * flashc_cpu_blocks_count(&job->kb, b) + kblock) *
-                   job->block_elems;
+    size_t index =
+        flashc_cpu_packed_index(&job->kb, job->pr->heads_kv, b, hk, kblock) * job->block_elems;
     return (char *)base + index * elem_size(job);
 }
 

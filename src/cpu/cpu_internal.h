@@ -144,6 +144,16 @@ static inline int64_t flashc_cpu_blocks_seq(const cpu_blocks *bl, int64_t u)
     return a;
 }
 
+/* Index of key block kblock of kv head hk of sequence b in the packed K/V layout: the blocks
+ * of sequence b start at blocks_start(b) * heads_kv, grouped by kv head (for a fixed-length
+ * batch: [batch * heads_kv][k_blocks]). The inverse of flashc_cpu_pack_task_of. */
+static inline size_t flashc_cpu_packed_index(const cpu_blocks *kb, int64_t heads_kv, int64_t b,
+                                             int64_t hk, int64_t kblock)
+{
+    return (size_t)(flashc_cpu_blocks_start(kb, b) * heads_kv +
+                    hk * flashc_cpu_blocks_count(kb, b) + kblock);
+}
+
 /* The (sequence, kv head, key block) of a packing task: tasks run over the key blocks of every
  * sequence, heads_kv of them per block, in the packed layout's order. */
 static inline void flashc_cpu_pack_task_of(const cpu_blocks *kb, int64_t heads_kv, int64_t task,
