@@ -11,14 +11,7 @@
 
 #include "backend.h"
 #include "common.cuh"
-
-typedef struct cuda_state {
-    int device;
-    int sm_major, sm_minor;
-    int num_sms;
-    size_t smem_optin; /* largest dynamic shared memory a block may ask for */
-    char name[256];
-} cuda_state;
+#include "runtime.h"
 
 static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
 
@@ -30,39 +23,6 @@ int fc_kernel_head_dim(int head_dim)
     for (size_t i = 0; i < sizeof kernel_head_dims / sizeof kernel_head_dims[0]; i++)
         if (head_dim <= kernel_head_dims[i]) return kernel_head_dims[i];
     return 0;
-}
-
-static flashc_status device_error(cudaError_t err, const char *what)
-{
-    cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
-    if (err == cudaErrorMemoryAllocation)
-        return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cuda: %s: %s", what, cudaGetErrorString(err));
-    return flashc_error(FLASHC_ERROR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(err),
-                        cudaGetErrorName(err));
-}
-
-/* Makes the backend's device current for the duration of a call and puts the caller's back. */
-typedef struct device_guard {
-    int previous;
-    int changed;
-} device_guard;
-
-static flashc_status guard_enter(device_guard *g, const cuda_state *s)
-{
-    g->changed = 0;
-    cudaError_t err = cudaGetDevice(&g->previous);
-    if (err != cudaSuccess) return device_error(err, "cudaGetDevice");
-    if (g->previous != s->device) {
-        err = cudaSetDevice(s->device);
-        if (err != cudaSuccess) return device_error(err, "cudaSetDevice");
-        g->changed = 1;
-    }
-    return FLASHC_OK;
-}
-
-static void guard_leave(const device_guard *g)
-{
-    if (g->changed) cudaSetDevice(g->previous);
 }
 
 static int cuda_available(void)
@@ -94,19 +54,19 @@ static flashc_status cuda_create(const flashc_backend_config *cfg, void **state)
     int device = cfg ? cfg->device : -1;
     if (device < 0) {
         err = cudaGetDevice(&device);
-        if (err != cudaSuccess) return device_error(err, "cudaGetDevice");
+        if (err != cudaSuccess) return fc_cuda_error(err, "cudaGetDevice");
     }
     if (device >= count)
         return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
                             "cuda: device %d asked for, but only %d device(s) present", device, count);
     cudaDeviceProp prop;
     err = cudaGetDeviceProperties(&prop, device);
-    if (err != cudaSuccess) return device_error(err, "cudaGetDeviceProperties");
+    if (err != cudaSuccess) return fc_cuda_error(err, "cudaGetDeviceProperties");
     if (prop.major < 8)
         return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
                             "cuda: device %d (%s) is sm_%d%d; the CUDA backend needs sm_80 or later",
                             device, prop.name, prop.major, prop.minor);
-    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    fc_cuda_state *s = (fc_cuda_state *)calloc(1, sizeof *s);
     if (!s) return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
     s->device = device;
     s->sm_major = prop.major;
@@ -125,56 +85,14 @@ static void cuda_destroy(void *state)
 
 static void cuda_describe(void *state, char *buf, size_t size)
 {
-    const cuda_state *s = (const cuda_state *)state;
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
     snprintf(buf, size, "cuda: device %d, %s (sm_%d%d, %d SMs), mma.sync kernels", s->device,
              s->name, s->sm_major, s->sm_minor, s->num_sms);
 }
 
 /* ---- argument checks the kernels need -------------------------------------------------- */
 
-static flashc_status check_device_pointer(const cuda_state *s, const void *p, const char *what)
-{
-    cudaPointerAttributes at;
-    cudaError_t err = cudaPointerGetAttributes(&at, p);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                            "cuda: %s: cannot query the pointer (%s); the CUDA backend needs device memory",
-                            what, cudaGetErrorString(err));
-    }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
-        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                            "cuda: %s points to host memory; the CUDA backend needs device memory "
-                            "(cudaMalloc)", what);
-    if (at.device != s->device)
-        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                            "cuda: %s is memory of device %d, but this backend runs on device %d",
-                            what, at.device, s->device);
-    return FLASHC_OK;
-}
-
-/* The kernels move 16 bytes (8 elements) at a time: the data pointer and the strides of
- * batch, seqlen and heads (where that dimension has more than one element) must keep every
- * row 16-byte aligned. */
-static flashc_status check_tensor(const cuda_state *s, const flashc_tensor *t, const char *what)
-{
-    flashc_status st = check_device_pointer(s, t->data, what);
-    if (st != FLASHC_OK) return st;
-    if ((uintptr_t)t->data % 16 != 0)
-        return flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                            "cuda: %s: data pointer %p is not 16-byte aligned, which the CUDA "
-                            "kernels' vector loads need", what, t->data);
-    static const char *dims[3] = {"batch", "seqlen", "heads"};
-    for (int d = 0; d < 3; d++)
-        if (t->shape[d] > 1 && t->stride[d] % 8 != 0)
-            return flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                                "cuda: %s: stride[%d] (%s) is %lld elements, not a multiple of 8: "
-                                "rows would not be 16-byte aligned for the CUDA kernels' vector loads",
-                                what, d, dims[d], (long long)t->stride[d]);
-    return FLASHC_OK;
-}
-
-static flashc_status check_problem(const cuda_state *s, const flashc_problem *pr, int backward,
+static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem *pr, int backward,
                                    int *kernel_d)
 {
     if (pr->dtype != FLASHC_F16 && pr->dtype != FLASHC_BF16)
@@ -207,16 +125,16 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
                                   const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
                                   flashc_tensor *lse)
 {
-    const cuda_state *s = (const cuda_state *)state;
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
     int kd = 0;
     flashc_status st = check_problem(s, pr, 0, &kd);
     if (st != FLASHC_OK) return st;
-    device_guard guard;
-    if ((st = guard_enter(&guard, s)) != FLASHC_OK) return st;
-    if ((st = check_tensor(s, q, "q")) != FLASHC_OK || (st = check_tensor(s, k, "k")) != FLASHC_OK ||
-        (st = check_tensor(s, v, "v")) != FLASHC_OK || (st = check_tensor(s, out, "out")) != FLASHC_OK ||
-        (st = check_device_pointer(s, lse->data, "lse")) != FLASHC_OK) {
-        guard_leave(&guard);
+    fc_device_guard guard;
+    if ((st = fc_guard_enter(&guard, s)) != FLASHC_OK) return st;
+    if ((st = fc_check_tensor(s, q, "q")) != FLASHC_OK || (st = fc_check_tensor(s, k, "k")) != FLASHC_OK ||
+        (st = fc_check_tensor(s, v, "v")) != FLASHC_OK || (st = fc_check_tensor(s, out, "out")) != FLASHC_OK ||
+        (st = fc_check_device_pointer(s, lse->data, "lse")) != FLASHC_OK) {
+        fc_guard_leave(&guard);
         return st;
     }
 
@@ -244,8 +162,8 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
 
     cudaError_t err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch,
                                     (cudaStream_t)pr->stream);
-    guard_leave(&guard);
-    if (err != cudaSuccess) return device_error(err, "forward kernel launch");
+    fc_guard_leave(&guard);
+    if (err != cudaSuccess) return fc_cuda_error(err, "forward kernel launch");
     return FLASHC_OK;
 }
 
@@ -287,19 +205,19 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
                                    const flashc_tensor *lse, flashc_tensor *dq, flashc_tensor *dk,
                                    flashc_tensor *dv)
 {
-    const cuda_state *s = (const cuda_state *)state;
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
     int kd = 0;
     flashc_status st = check_problem(s, pr, 1, &kd);
     if (st != FLASHC_OK) return st;
-    device_guard guard;
-    if ((st = guard_enter(&guard, s)) != FLASHC_OK) return st;
-    if ((st = check_tensor(s, dout, "dout")) != FLASHC_OK || (st = check_tensor(s, q, "q")) != FLASHC_OK ||
-        (st = check_tensor(s, k, "k")) != FLASHC_OK || (st = check_tensor(s, v, "v")) != FLASHC_OK ||
-        (st = check_tensor(s, out, "out")) != FLASHC_OK ||
-        (st = check_device_pointer(s, lse->data, "lse")) != FLASHC_OK ||
-        (st = check_tensor(s, dq, "dq")) != FLASHC_OK || (st = check_tensor(s, dk, "dk")) != FLASHC_OK ||
-        (st = check_tensor(s, dv, "dv")) != FLASHC_OK) {
-        guard_leave(&guard);
+    fc_device_guard guard;
+    if ((st = fc_guard_enter(&guard, s)) != FLASHC_OK) return st;
+    if ((st = fc_check_tensor(s, dout, "dout")) != FLASHC_OK || (st = fc_check_tensor(s, q, "q")) != FLASHC_OK ||
+        (st = fc_check_tensor(s, k, "k")) != FLASHC_OK || (st = fc_check_tensor(s, v, "v")) != FLASHC_OK ||
+        (st = fc_check_tensor(s, out, "out")) != FLASHC_OK ||
+        (st = fc_check_device_pointer(s, lse->data, "lse")) != FLASHC_OK ||
+        (st = fc_check_tensor(s, dq, "dq")) != FLASHC_OK || (st = fc_check_tensor(s, dk, "dk")) != FLASHC_OK ||
+        (st = fc_check_tensor(s, dv, "dv")) != FLASHC_OK) {
+        fc_guard_leave(&guard);
         return st;
     }
 
@@ -310,17 +228,17 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
     cudaError_t err = cudaSuccess;
     if (ws) {
         if (pr->workspace_size < lay.total) {
-            guard_leave(&guard);
+            fc_guard_leave(&guard);
             return flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
                                 "cuda: workspace of %zu bytes, the backward needs %zu",
                                 pr->workspace_size, lay.total);
         }
         if ((uintptr_t)ws % 16 != 0) {
-            guard_leave(&guard);
+            fc_guard_leave(&guard);
             return flashc_error(FLASHC_ERROR_INVALID_POINTER, "cuda: workspace is not 16-byte aligned");
         }
-        if ((st = check_device_pointer(s, ws, "workspace")) != FLASHC_OK) {
-            guard_leave(&guard);
+        if ((st = fc_check_device_pointer(s, ws, "workspace")) != FLASHC_OK) {
+            fc_guard_leave(&guard);
             return st;
         }
     } else {
@@ -328,8 +246,8 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
          * them, without a device-wide synchronization. */
         err = cudaMallocAsync((void **)&ws, lay.total, stream);
         if (err != cudaSuccess) {
-            guard_leave(&guard);
-            return device_error(err, "cudaMallocAsync (backward workspace)");
+            fc_guard_leave(&guard);
+            return fc_cuda_error(err, "cudaMallocAsync (backward workspace)");
         }
         owned = 1;
     }
@@ -387,8 +305,8 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
             what = "cudaFreeAsync (backward workspace)";
         }
     }
-    guard_leave(&guard);
-    if (err != cudaSuccess) return device_error(err, what);
+    fc_guard_leave(&guard);
+    if (err != cudaSuccess) return fc_cuda_error(err, what);
     return FLASHC_OK;
 }
 
@@ -396,48 +314,48 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
 
 static flashc_status cuda_malloc(void *state, size_t bytes, void **ptr)
 {
-    device_guard guard;
-    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    fc_device_guard guard;
+    flashc_status st = fc_guard_enter(&guard, (const fc_cuda_state *)state);
     if (st != FLASHC_OK) return st;
     cudaError_t err = cudaMalloc(ptr, bytes); /* 256-byte aligned */
-    guard_leave(&guard);
+    fc_guard_leave(&guard);
     if (err != cudaSuccess) {
         *ptr = NULL;
-        return device_error(err, "cudaMalloc");
+        return fc_cuda_error(err, "cudaMalloc");
     }
     return FLASHC_OK;
 }
 
 static void cuda_free(void *state, void *ptr)
 {
-    device_guard guard;
-    if (guard_enter(&guard, (const cuda_state *)state) != FLASHC_OK) return;
+    fc_device_guard guard;
+    if (fc_guard_enter(&guard, (const fc_cuda_state *)state) != FLASHC_OK) return;
     cudaFree(ptr);
     cudaGetLastError();
-    guard_leave(&guard);
+    fc_guard_leave(&guard);
 }
 
 static flashc_status cuda_memcpy(void *state, void *dst, const void *src, size_t bytes,
                                  flashc_copy_kind kind)
 {
-    device_guard guard;
-    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    fc_device_guard guard;
+    flashc_status st = fc_guard_enter(&guard, (const fc_cuda_state *)state);
     if (st != FLASHC_OK) return st;
     cudaError_t err = cudaMemcpy(dst, src, bytes,
                                  kind == FLASHC_COPY_TO_BACKEND ? cudaMemcpyHostToDevice
                                                                 : cudaMemcpyDeviceToHost);
-    guard_leave(&guard);
-    return err == cudaSuccess ? FLASHC_OK : device_error(err, "cudaMemcpy");
+    fc_guard_leave(&guard);
+    return err == cudaSuccess ? FLASHC_OK : fc_cuda_error(err, "cudaMemcpy");
 }
 
 static flashc_status cuda_synchronize(void *state, void *stream)
 {
-    device_guard guard;
-    flashc_status st = guard_enter(&guard, (const cuda_state *)state);
+    fc_device_guard guard;
+    flashc_status st = fc_guard_enter(&guard, (const fc_cuda_state *)state);
     if (st != FLASHC_OK) return st;
     cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
-    guard_leave(&guard);
-    return err == cudaSuccess ? FLASHC_OK : device_error(err, "cudaStreamSynchronize");
+    fc_guard_leave(&guard);
+    return err == cudaSuccess ? FLASHC_OK : fc_cuda_error(err, "cudaStreamSynchronize");
 }
 
 extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
@@ -455,4 +373,7 @@ extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
     cuda_free,
     cuda_memcpy,
     cuda_synchronize,
+    NULL, /* merge */
+    0,    /* features */
+    NULL, /* forward_kvcache */
 };
