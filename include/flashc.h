@@ -251,6 +251,9 @@ typedef struct flashc_backend_config {
     int32_t device;      /* CUDA: device ordinal, -1 = the current device */
     const char *cpu_isa; /* CPU: "auto" or NULL, or force a micro-kernel set by name
                             (FLASHC_CPU_ISA in the environment does the same) */
+    const char *cuda_kernels; /* CUDA: "auto" or NULL (the fastest kernels the device runs:
+                                 wgmma on sm_90, mma.sync elsewhere), or "mma" to force the
+                                 mma.sync kernels (FLASHC_CUDA_KERNELS does the same) */
 } flashc_backend_config;
 
 /* The defaults (threads 0, device -1, ISA auto); a macro for the same reason as

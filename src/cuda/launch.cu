@@ -12,6 +12,9 @@
 #include "backend.h"
 #include "common.cuh"
 #include "runtime.h"
+#ifdef FLASHC_HAVE_SM90
+#include "hopper/fwd_sm90.h"
+#endif
 
 static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
 
@@ -66,6 +69,17 @@ static flashc_status cuda_create(const flashc_backend_config *cfg, void **state)
         return flashc_error(FLASHC_ERROR_BACKEND_UNAVAILABLE,
                             "cuda: device %d (%s) is sm_%d%d; the CUDA backend needs sm_80 or later",
                             device, prop.name, prop.major, prop.minor);
+    const char *kernels = cfg ? cfg->cuda_kernels : NULL;
+    const char *env = getenv("FLASHC_CUDA_KERNELS");
+    if ((!kernels || !*kernels || strcmp(kernels, "auto") == 0) && env && *env) kernels = env;
+    int force_mma = 0;
+    if (kernels && *kernels && strcmp(kernels, "auto") != 0) {
+        if (strcmp(kernels, "mma") != 0)
+            return flashc_error(FLASHC_ERROR_INVALID_PARAM,
+                                "cuda_kernels: '%.32s' is not a kernel family: use \"auto\" or "
+                                "\"mma\"", kernels);
+        force_mma = 1;
+    }
     fc_cuda_state *s = (fc_cuda_state *)calloc(1, sizeof *s);
     if (!s) return flashc_error(FLASHC_ERROR_OUT_OF_MEMORY, "cuda: out of host memory");
     s->device = device;
@@ -73,6 +87,11 @@ static flashc_status cuda_create(const flashc_backend_config *cfg, void **state)
     s->sm_minor = prop.minor;
     s->num_sms = prop.multiProcessorCount;
     s->smem_optin = prop.sharedMemPerBlockOptin;
+#ifdef FLASHC_HAVE_SM90
+    s->use_wgmma = !force_mma && prop.major == 9 && prop.minor == 0;
+#else
+    (void)force_mma;
+#endif
     snprintf(s->name, sizeof s->name, "%s", prop.name);
     *state = s;
     return FLASHC_OK;
@@ -86,8 +105,10 @@ static void cuda_destroy(void *state)
 static void cuda_describe(void *state, char *buf, size_t size)
 {
     const fc_cuda_state *s = (const fc_cuda_state *)state;
-    snprintf(buf, size, "cuda: device %d, %s (sm_%d%d, %d SMs), mma.sync kernels", s->device,
-             s->name, s->sm_major, s->sm_minor, s->num_sms);
+    snprintf(buf, size, "cuda: device %d, %s (sm_%d%d, %d SMs), %s", s->device, s->name,
+             s->sm_major, s->sm_minor, s->num_sms,
+             s->use_wgmma ? "wgmma forward for head dims 40..256, mma.sync kernels otherwise"
+                          : "mma.sync kernels");
 }
 
 /* ---- argument checks the kernels need -------------------------------------------------- */
@@ -120,6 +141,36 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
+
+#ifdef FLASHC_HAVE_SM90
+/* Runs the forward on the Hopper kernel when it serves the call (plain attention, a head dim
+ * it covers, TMA-compatible views): returns 1 with *err set, or 0 to use mma.sync. */
+static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, const flashc_tensor *q,
+                            const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
+                            flashc_tensor *lse, cudaError_t *err)
+{
+    if (!s->use_wgmma || pr->features != 0) return 0;
+    fc_sm90_fwd_args h;
+    memset(&h, 0, sizeof h);
+    h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
+    h.lse = (float *)lse->data;
+    h.q_sb = q->stride[0], h.q_ss = q->stride[1], h.q_sh = q->stride[2];
+    h.k_sb = k->stride[0], h.k_ss = k->stride[1], h.k_sh = k->stride[2];
+    h.v_sb = v->stride[0], h.v_ss = v->stride[1], h.v_sh = v->stride[2];
+    h.o_sb = out->stride[0], h.o_ss = out->stride[1], h.o_sh = out->stride[2];
+    h.lse_sb = lse->stride[0], h.lse_sh = lse->stride[1], h.lse_ss = lse->stride[2];
+    h.batch = (int)pr->batch;
+    h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
+    h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
+    h.head_dim = (int)pr->head_dim;
+    h.bf16 = pr->dtype == FLASHC_BF16;
+    h.scale = pr->scale;
+    h.causal = pr->causal;
+    if (!fc_sm90_forward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
+    *err = fc_sm90_forward(&h, (cudaStream_t)pr->stream);
+    return 1;
+}
+#endif
 
 static flashc_status cuda_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
                                   const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
@@ -160,8 +211,12 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
     a.causal = pr->causal != FLASHC_CAUSAL_NONE;
     a.causal_offset = (int)flashc_causal_offset(pr);
 
-    cudaError_t err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch,
-                                    (cudaStream_t)pr->stream);
+    cudaError_t err = cudaSuccess;
+#ifdef FLASHC_HAVE_SM90
+    if (!try_sm90_forward(s, pr, q, k, v, out, lse, &err))
+#endif
+        err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch,
+                            (cudaStream_t)pr->stream);
     fc_guard_leave(&guard);
     if (err != cudaSuccess) return fc_cuda_error(err, "forward kernel launch");
     return FLASHC_OK;

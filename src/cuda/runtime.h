@@ -16,6 +16,7 @@ typedef struct fc_cuda_state {
     int sm_major, sm_minor;
     int num_sms;
     size_t smem_optin; /* largest dynamic shared memory a block may ask for */
+    int use_wgmma;     /* the Hopper (sm_90a) kernels serve what they can; else mma.sync */
     char name[256];
 } fc_cuda_state;
 

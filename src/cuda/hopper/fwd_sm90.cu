@@ -410,10 +410,20 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     X(128, 128, 2)             \
     X(256, 64, 2)
 
+/* The compiled head dim that serves head_dim: a multiple of 8 above 32 runs on the next
+ * kernel up, its extra columns zero-filled by TMA on load and clipped on store (d32 and below
+ * do better on the mma.sync path, where half a 64-column panel is not wasted). 0 = none. */
+int fc_sm90_kernel_head_dim(int head_dim)
+{
+    if (head_dim <= 32 || head_dim > 256 || head_dim % 8 != 0) return 0;
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
 size_t fc_sm90_forward_smem_bytes(int head_dim)
 {
+    const int kd = fc_sm90_kernel_head_dim(head_dim);
 #define X(D_, BN_, ST_) \
-    if (head_dim == D_) return sm90_fwd_layout<D_, BN_, ST_>::TOTAL;
+    if (kd == D_) return sm90_fwd_layout<D_, BN_, ST_>::TOTAL;
     FC_SM90_FWD_CONFIGS(X)
 #undef X
     return 0;
@@ -494,11 +504,11 @@ template <int D, int BN, int STAGES, int BF16>
 static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, cudaStream_t stream)
 {
     CUtensorMap tq, tk, tv, to;
-    if (!sm90_encode(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
+    if (!sm90_encode(&tq, a->q, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
                      SM90_BM) ||
-        !sm90_encode(&tk, a->k, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
-        !sm90_encode(&tv, a->v, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
-        !sm90_encode(&to, a->o, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
+        !sm90_encode(&tk, a->k, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
+        !sm90_encode(&tv, a->v, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
+        !sm90_encode(&to, a->o, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
         return cudaErrorInvalidValue;
     const uint32_t smem = sm90_fwd_layout<D, BN, STAGES>::TOTAL;
     cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16>,
@@ -523,7 +533,7 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.scale_log2 = a->scale * 1.4426950408889634f;
 #define X(D_, BN_, ST_)                                                       \
-    if (a->head_dim == D_)                                                    \
+    if (fc_sm90_kernel_head_dim(a->head_dim) == D_)                           \
         return a->bf16 ? sm90_launch<D_, BN_, ST_, 1>(a, &p, stream)          \
                        : sm90_launch<D_, BN_, ST_, 0>(a, &p, stream);
     FC_SM90_FWD_CONFIGS(X)

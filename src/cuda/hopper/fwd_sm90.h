@@ -34,9 +34,13 @@ typedef struct fc_sm90_fwd_args {
 
 /* 1 when fc_sm90_forward serves this call on a device of compute capability
  * sm_major.sm_minor whose per-block shared-memory opt-in limit is smem_optin; 0 otherwise
- * (head dim not 64/128/256, scale <= 0, rows not 16-byte aligned, not sm_90, ...). */
+ * (head dim not served, scale <= 0, rows not 16-byte aligned, not sm_90, ...). */
 int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_minor,
                               size_t smem_optin);
+
+/* The compiled head dim (64, 128 or 256) that serves head_dim; 0 when none does (head dims
+ * up to 32, above 256, or not a multiple of 8). */
+int fc_sm90_kernel_head_dim(int head_dim);
 
 /* Dynamic shared memory the kernel for head_dim uses (0 if none is compiled for it). */
 size_t fc_sm90_forward_smem_bytes(int head_dim);
