@@ -26,20 +26,25 @@
  * Blocks are walked from the last key block down, so the blocks that need a mask (the partial
  * last one, the ones crossing the causal diagonal) come first; the rest run without one. TMA
  * zero-fills key rows past seqlen_k (the seqlen dimension of the tensor map bounds them), so
- * a partial block brings zeros, which the mask then removes. Causal tiles are launched longest
- * first (m-blocks reversed).
+ * a partial block brings zeros, which the mask then removes.
+ *
+ * The grid is persistent (one CTA per SM): each CTA walks a strided share of the tiles in the
+ * order of sm90_tile (causal ones longest first), and loads the next tile's Q and K/V while
+ * its consumers store the last tile's O.
  *
  * The tensors reach the kernel as one 4-D tensor map each, {head_dim, seqlen, heads, batch}
  * with the caller's strides, 128-byte swizzle, boxes of 64 columns: any strided view whose rows
  * are 16-byte aligned works without a copy.
  *
- * Status: compiles for sm_90a; never run on hardware yet (docs/HOPPER_PLAN.md).
+ * Checked on an H200 against a float64 reference (tests/gpu/hopper/check_fwd_sm90.cu and the
+ * library's GPU tests); docs/HOPPER_PLAN.md has the design notes and measurements.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fwd_sm90.h"
@@ -49,8 +54,12 @@
 typedef struct sm90_fwd_params {
     float *lse;
     int64_t lse_sb, lse_sh, lse_ss;
-    int seqlen_q, seqlen_k, group;
+    int seqlen_q, seqlen_k, group, heads_q;
     int causal;        /* nonzero: query i sees key j when j <= i + causal_offset */
+    /* The tile schedule (sm90_tile): num_tiles = m_blocks * heads_q * batch tiles of BM rows,
+     * walked by each CTA from blockIdx.x in steps of gridDim.x. Causal tiles go in sections
+     * of section_bh (batch, head) pairs, longest first within a section. */
+    int num_tiles, m_blocks, section_bh;
     int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
     float scale_log2;  /* softmax scale * log2(e), > 0 */
 } sm90_fwd_params;
@@ -65,6 +74,33 @@ typedef struct sm90_fwd_params {
 #define SM90_BAR_SCHED0 1
 #define SM90_BAR_EPI0 3
 
+/* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
+ * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
+ * (a row block sees keys up to its diagonal), so they go longest first, in sections of
+ * section_bh (batch, head) pairs whose K/V fit in L2 together: within a section, every pair's
+ * last m-block, then every pair's one before it, and so on. A CTA that takes tiles in this
+ * order from a strided walk gets a near-balanced share (longest processing time first). */
+static __device__ __forceinline__ void sm90_tile(int t, const sm90_fwd_params &p, int &m_block,
+                                                 int &h, int &b)
+{
+    int bh;
+    if (!p.causal) {
+        bh = t / p.m_blocks;
+        m_block = t - bh * p.m_blocks;
+    } else {
+        const int per_section = p.section_bh * p.m_blocks;
+        const int sec = t / per_section;
+        const int n_bh = p.num_tiles / p.m_blocks;
+        const int first = sec * p.section_bh;
+        const int count = min(p.section_bh, n_bh - first);
+        const int r = t - sec * per_section;
+        m_block = p.m_blocks - 1 - r / count;
+        bh = first + r % count;
+    }
+    b = bh / p.heads_q;
+    h = bh - b * p.heads_q;
+}
+
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
  * ring, then the V ring, then the mbarriers. */
 template <int D, int BN, int STAGES>
@@ -75,7 +111,7 @@ struct sm90_fwd_layout {
     static constexpr uint32_t K_OFF = Q_BYTES;
     static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
     static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
-    static constexpr uint32_t BARS = 1 + 4 * STAGES;
+    static constexpr uint32_t BARS = 2 + 4 * STAGES; /* q_full, the K/V ring's, q_empty */
     /* + 1024: the dynamic shared-memory base is only 16-byte aligned */
     static constexpr uint32_t TOTAL = BAR_OFF + BARS * 8 + 1024;
 };
@@ -194,19 +230,22 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *k_full = bars + 1, *k_empty = bars + 1 + STAGES;
     uint64_t *v_full = bars + 1 + 2 * STAGES, *v_empty = bars + 1 + 3 * STAGES;
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-    const int m_block = p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
-    const int m0 = m_block * BM;
+    uint64_t *q_empty = bars + 1 + 4 * STAGES;
 
-    /* Key blocks any row of this CTA sees: [0, n_blocks). Producer and consumers compute the
-     * same count, which is what keeps the pipeline's phases in step. */
-    int n_end = p.seqlen_k;
-    if (p.causal) n_end = min(n_end, min(m0 + BM, p.seqlen_q) - 1 + p.causal_offset + 1);
-    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+
+    /* Key blocks any row of m-block m sees: [0, n_blocks). Producer and consumers compute the
+     * same count for the same tile, which is what keeps the pipeline's phases in step. */
+#define SM90_N_BLOCKS(m0_)                                                                      \
+    ({                                                                                          \
+        int n_end_ = p.seqlen_k;                                                                \
+        if (p.causal) n_end_ = min(n_end_, min((m0_) + BM, p.seqlen_q) - 1 + p.causal_offset + 1); \
+        n_end_ > 0 ? (n_end_ + BN - 1) / BN : 0;                                                \
+    })
 
     if (tid == 0) {
         sm90_mbar_init(q_full, 1);
+        sm90_mbar_init(q_empty, 2); /* both consumers' O stores have read the Q tile */
         for (int s = 0; s < STAGES; s++) {
             sm90_mbar_init(&k_full[s], 1);
             sm90_mbar_init(&v_full[s], 1);
@@ -217,6 +256,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     }
     __syncthreads();
 
+    /* The CTA is persistent: it walks tiles blockIdx.x, + gridDim.x, ... The K/V ring's stage
+     * and parity run on across tiles (it counts every key block this CTA has loaded), and the
+     * Q tile, which also stages the O store, is refilled only once both consumers' stores of
+     * the previous tile have read it (q_empty), so the next tile's loads overlap the epilogue. */
     if (wg == 0) {
         /* ---------------- producer ---------------- */
         sm90_setmaxnreg_dec<SM90_PRODUCER_REGS>();
@@ -224,13 +267,23 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_tma_prefetch_desc(&tm_q);
             sm90_tma_prefetch_desc(&tm_k);
             sm90_tma_prefetch_desc(&tm_v);
-            if (n_blocks > 0) {
-                sm90_mbar_arrive_expect_tx(q_full, L::Q_BYTES);
-#pragma unroll
-                for (int pn = 0; pn < L::PANELS; pn++)
-                    sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, m0, h, b);
-                int s = 0;
-                uint32_t ph = 0;
+            int s = 0;
+            uint32_t ph = 0, tile_ph = 0;
+            for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+                int m_block, h, b;
+                sm90_tile(tile, p, m_block, h, b);
+                const int hk = h / p.group, m0 = m_block * BM;
+                const int n_blocks = SM90_N_BLOCKS(m0);
+                /* q_full completes once per tile, also for a tile that sees no key (its
+                 * consumers only store zeros): that keeps the consumers from running more
+                 * than one q_empty phase ahead of the producer's wait, which parity waits
+                 * cannot tell apart. */
+                if (n_blocks == 0) {
+                    sm90_mbar_wait(q_empty, tile_ph ^ 1);
+                    tile_ph ^= 1;
+                    sm90_mbar_arrive(q_full);
+                    continue;
+                }
                 for (int i = 0; i < n_blocks; i++) {
                     const int n0 = (n_blocks - 1 - i) * BN;
                     const uint32_t kt = sbase + L::K_OFF + s * L::KV_BYTES;
@@ -240,6 +293,16 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
                     for (int pn = 0; pn < L::PANELS; pn++)
                         sm90_tma_load_4d(kt + pn * (BN * 128), &tm_k, &k_full[s], pn * 64, n0, hk, b);
+                    if (i == 0) {
+                        /* Q after the first K block, so that K is already on its way while
+                         * the consumers store the previous tile's O out of the Q tile. */
+                        sm90_mbar_wait(q_empty, tile_ph ^ 1);
+                        tile_ph ^= 1;
+                        sm90_mbar_arrive_expect_tx(q_full, L::Q_BYTES);
+#pragma unroll
+                        for (int pn = 0; pn < L::PANELS; pn++)
+                            sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, m0, h, b);
+                    }
                     sm90_mbar_wait(&v_empty[s], ph ^ 1);
                     sm90_mbar_arrive_expect_tx(&v_full[s], L::KV_BYTES);
 #pragma unroll
@@ -256,145 +319,163 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         sm90_setmaxnreg_inc<SM90_CONSUMER_REGS>();
         const int cw = wg - 1;             /* consumer index 0 / 1 */
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
-        const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
-        const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
         const uint32_t q_rows = sQ + cw * 64 * 128;
         const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw ^ 1);
+        int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
+        uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
 
-        float o[D / 2];
+        for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+            int m_block, h, b;
+            sm90_tile(tile, p, m_block, h, b);
+            const int m0 = m_block * BM;
+            const int n_blocks = SM90_N_BLOCKS(m0);
+            const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
+            const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
+            sm90_mbar_wait(q_full, q_ph); /* Q is in, or (no key) the tile is ours to store */
+            q_ph ^= 1;
+
+            float o[D / 2];
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) o[j] = 0.f;
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+            for (int j = 0; j < D / 2; j++) o[j] = 0.f;
+            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-        if (n_blocks > 0) {
-            float s[BN / 2];
-            uint32_t pf[BN / 16][4];
-            float corr[2];
-            /* Whether a block needs the mask: it reaches past seqlen_k or crosses the causal
-             * diagonal of this warpgroup's first row. */
+            if (n_blocks > 0) {
+                float s[BN / 2];
+                uint32_t pf[BN / 16][4];
+                float corr[2];
+                /* Whether a block needs the mask: it reaches past seqlen_k or crosses the causal
+                 * diagonal of this warpgroup's first row. */
 #define SM90_NEED_MASK(n0_) \
-    ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset))
+        ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset))
 
-            if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
-            sm90_mbar_wait(q_full, 0);
+                if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
 
-            /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
-             * stage i % STAGES, filled for the (i / STAGES)-th time (the parity). */
-#define SM90_STAGE(i_) ((i_) % STAGES)
-#define SM90_PHASE(i_) ((uint32_t)(((i_) / STAGES) & 1))
+                /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
+                 * ring slot (blocks_done + i) % STAGES, filled for the ((blocks_done + i) /
+                 * STAGES)-th time (the parity). */
+#define SM90_STAGE(i_) ((blocks_done + (i_)) % STAGES)
+#define SM90_PHASE(i_) ((uint32_t)(((blocks_done + (i_)) / STAGES) & 1))
 
-            /* Block 0: S only. */
-            int n0 = (n_blocks - 1) * BN;
-            sm90_mbar_wait(&k_full[0], 0);
-            sm90_bar_sync(my_bar, 256);
-            sm90_wgmma_fence();
-            sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF);
-            sm90_bar_arrive(other_bar, 256);
-            sm90_fence_regs(s);
-            sm90_wgmma_wait<0>();
-            sm90_fence_regs(s);
-            if (t == 0) sm90_mbar_arrive(&k_empty[0]);
-            if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
-            sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                /* Block 0: S only. */
+                int n0 = (n_blocks - 1) * BN;
+                sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
+                sm90_bar_sync(my_bar, 256);
+                sm90_wgmma_fence();
+                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(0) * L::KV_BYTES);
+                sm90_bar_arrive(other_bar, 256);
+                sm90_fence_regs(s);
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(s);
+                if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
+                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
 
-            for (int i = 1; i < n_blocks; i++) {
-                /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
-                 * previous iteration, overlapped with the softmax of block i-1), then rescale
-                 * O and pack P_{i-1} over the A registers that product was reading. Doing this
-                 * at the top of the loop, not right after the softmax, keeps the wait in
-                 * another basic block than the exponentials: in one block, ptxas hoists the
-                 * wait above them (to let the packs, which overwrite the registers the
-                 * in-flight product reads, interleave with the exponentials) and the overlap
-                 * is lost. */
+                for (int i = 1; i < n_blocks; i++) {
+                    /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
+                     * previous iteration, overlapped with the softmax of block i-1), then rescale
+                     * O and pack P_{i-1} over the A registers that product was reading. Doing this
+                     * at the top of the loop, not right after the softmax, keeps the wait in
+                     * another basic block than the exponentials: in one block, ptxas hoists the
+                     * wait above them (to let the packs, which overwrite the registers the
+                     * in-flight product reads, interleave with the exponentials) and the overlap
+                     * is lost. */
+                    sm90_wgmma_wait<0>();
+                    sm90_fence_regs(o);
+                    sm90_fence_regs(pf);
+                    if (i >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(i - 2)]);
+#pragma unroll
+                    for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
+                    sm90_pack_p<BN, BF16>(pf, s);
+
+                    n0 -= BN;
+                    sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
+                    sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
+                    sm90_bar_sync(my_bar, 256);
+                    sm90_wgmma_fence();
+                    sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
+                    sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(i - 1) * L::KV_BYTES);
+                    sm90_bar_arrive(other_bar, 256);
+                    sm90_fence_regs(s);
+                    sm90_fence_regs(o);
+                    sm90_fence_regs(pf);
+                    sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
+                    sm90_fence_regs(s);
+                    if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
+                    if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                    sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                }
+
+                /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
+                 * so that every arrival on a scheduling barrier meets a sync within the tile. */
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
-                if (i >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(i - 2)]);
+                if (n_blocks >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 2)]);
 #pragma unroll
                 for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
                 sm90_pack_p<BN, BF16>(pf, s);
-
-                n0 -= BN;
-                sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
-                sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
+                sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
-                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
-                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(i - 1) * L::KV_BYTES);
-                sm90_bar_arrive(other_bar, 256);
-                sm90_fence_regs(s);
+                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
+                if (cw == 0) sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
-                sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
-                sm90_fence_regs(s);
-                if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
-                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
-                sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-            }
-
-            /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
-             * so that every arrival on a scheduling barrier meets a sync. */
-            sm90_wgmma_wait<0>();
-            sm90_fence_regs(o);
-            sm90_fence_regs(pf);
-            if (n_blocks >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 2)]);
-#pragma unroll
-            for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
-            sm90_pack_p<BN, BF16>(pf, s);
-            sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
-            sm90_bar_sync(my_bar, 256);
-            sm90_wgmma_fence();
-            sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
-            if (cw == 0) sm90_bar_arrive(other_bar, 256);
-            sm90_fence_regs(o);
-            sm90_fence_regs(pf);
-            sm90_wgmma_wait<0>();
-            sm90_fence_regs(o);
-            if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 1)]);
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(o);
+                if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 1)]);
+                blocks_done += n_blocks;
 #undef SM90_STAGE
 #undef SM90_PHASE
 #undef SM90_NEED_MASK
-        }
+            }
 
-        /* ---------------- epilogue ---------------- */
-        float inv[2], lse_v[2];
+            /* ---------------- epilogue ---------------- */
+            float inv[2], lse_v[2];
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const float sum = sm90_quad_sum(l[hr]);
-            inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
-            lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
-        }
-        /* O in 16 bits into this warpgroup's 64 rows of the Q tile (its last reader, S = Q K^T,
-         * has retired), in the 128-byte-swizzled layout the O tensor map expects. */
-        const int lr = (warp & 3) * 16 + (lane >> 2); /* row within the warpgroup's 64 */
+            for (int hr = 0; hr < 2; hr++) {
+                const float sum = sm90_quad_sum(l[hr]);
+                inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
+                lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+            }
+            /* O in 16 bits into this warpgroup's 64 rows of the Q tile (its last reader, S = Q K^T,
+             * has retired), in the 128-byte-swizzled layout the O tensor map expects. */
+            const int lr = (warp & 3) * 16 + (lane >> 2); /* row within the warpgroup's 64 */
 #pragma unroll
-        for (int j = 0; j < D / 2; j += 2) {
-            const int hr = (j >> 1) & 1;
-            const int r = lr + 8 * hr;
-            const int col = 8 * (j >> 2) + 2 * (lane & 3);
-            const int pn = col >> 6, c = col & 63;
-            const uint32_t addr = q_rows + pn * (BM * 128) + r * 128 +
-                                  ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
-            const uint32_t v = sm90_pack2<BF16>(o[j] * inv[hr], o[j + 1] * inv[hr]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-        }
-        sm90_fence_proxy_async();
-        sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
-        if (t == 0 && wrow0 < p.seqlen_q) {
+            for (int j = 0; j < D / 2; j += 2) {
+                const int hr = (j >> 1) & 1;
+                const int r = lr + 8 * hr;
+                const int col = 8 * (j >> 2) + 2 * (lane & 3);
+                const int pn = col >> 6, c = col & 63;
+                const uint32_t addr = q_rows + pn * (BM * 128) + r * 128 +
+                                      ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
+                const uint32_t v = sm90_pack2<BF16>(o[j] * inv[hr], o[j + 1] * inv[hr]);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+            }
+            sm90_fence_proxy_async();
+            sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
+            if (t == 0 && wrow0 < p.seqlen_q) {
 #pragma unroll
-            for (int pn = 0; pn < L::PANELS; pn++)
-                sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, wrow0, h, b);
-            sm90_bulk_commit();
-        }
-        if ((lane & 3) == 0) {
-            float *lse = p.lse + b * p.lse_sb + h * p.lse_sh;
+                for (int pn = 0; pn < L::PANELS; pn++)
+                    sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, wrow0, h, b);
+                sm90_bulk_commit();
+            }
+            if ((lane & 3) == 0) {
+                float *lse = p.lse + b * p.lse_sb + h * p.lse_sh;
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++)
-                if (row0 + 8 * hr < p.seqlen_q) lse[(int64_t)(row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
+                for (int hr = 0; hr < 2; hr++)
+                    if (row0 + 8 * hr < p.seqlen_q) lse[(int64_t)(row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
+            }
+            /* The Q tile may be refilled (the next tile's Q) once the copy engine has read this
+             * warpgroup's O out of it. The other threads' shared stores are ordered before the
+             * store by the named barrier above. */
+            if (t == 0) {
+                if (wrow0 < p.seqlen_q) sm90_bulk_wait_read();
+                sm90_mbar_arrive(q_empty);
+            }
         }
-        /* The shared source must stay valid until the copy engine has read it. */
-        if (t == 0 && wrow0 < p.seqlen_q) sm90_bulk_wait_read();
     }
+#undef SM90_N_BLOCKS
 #endif
 }
 
@@ -514,7 +595,22 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
-    dim3 grid((a->seqlen_q + SM90_BM - 1) / SM90_BM, (unsigned)a->heads_q, (unsigned)a->batch);
+    /* Persistent: one CTA per SM (each takes a whole SM's shared memory) walks the tiles.
+     * FLASHC_SM90_CTAS overrides the count for tests and comparisons: 0 launches one CTA per
+     * tile, n > 0 at most n CTAs (so that each walks many tiles). */
+    int ctas = p->num_tiles;
+    const char *ctas_env = getenv("FLASHC_SM90_CTAS");
+    if (ctas_env && *ctas_env) {
+        const long n = strtol(ctas_env, NULL, 10);
+        if (n > 0 && n < ctas) ctas = (int)n;
+    } else {
+        int dev = 0, sms = 0;
+        err = cudaGetDevice(&dev);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (err != cudaSuccess) return err;
+        if (sms > 0 && sms < ctas) ctas = sms;
+    }
+    dim3 grid((unsigned)ctas);
     fc_sm90_fwd_kernel<D, BN, STAGES, BF16><<<grid, SM90_THREADS, smem, stream>>>(tq, tk, tv, to, *p);
     return cudaGetLastError();
 }
@@ -529,6 +625,15 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     p.seqlen_q = a->seqlen_q;
     p.seqlen_k = a->seqlen_k;
     p.group = a->heads_q / a->heads_kv;
+    p.heads_q = a->heads_q;
+    p.m_blocks = (a->seqlen_q + SM90_BM - 1) / SM90_BM;
+    p.num_tiles = p.m_blocks * a->heads_q * a->batch;
+    /* Causal sections: as many (batch, head) pairs as keep their K/V within about half of
+     * the L2 (K/V of a KV head serve its whole group of query heads). */
+    const double kv_bytes = 4.0 * a->seqlen_k * a->head_dim / p.group;
+    const double l2_budget = 25e6;
+    p.section_bh = kv_bytes > l2_budget ? 1 : (int)(l2_budget / kv_bytes);
+    if (p.section_bh > a->heads_q * a->batch) p.section_bh = a->heads_q * a->batch;
     p.causal = a->causal != 0;
     p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.scale_log2 = a->scale * 1.4426950408889634f;
