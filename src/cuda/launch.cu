@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "common.cuh"
+#include "decode.h"
 #include "runtime.h"
 #ifdef FLASHC_HAVE_SM90
 #include "hopper/fwd_sm90.h"
@@ -428,7 +429,7 @@ extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
     cuda_free,
     cuda_memcpy,
     cuda_synchronize,
-    NULL, /* merge */
+    fc_cuda_merge,
     0,    /* features */
     NULL, /* forward_kvcache */
 };
