@@ -431,5 +431,5 @@ extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
     cuda_synchronize,
     fc_cuda_merge,
     0,    /* features */
-    NULL, /* forward_kvcache */
+    fc_cuda_forward_kvcache,
 };

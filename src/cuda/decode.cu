@@ -1,0 +1,737 @@
+/*
+ * decode.cu - flashc_forward_kvcache on CUDA (Flash-Decoding): a few new queries against
+ * long, contiguous or paged, fp16/bf16 caches, with an optional in-place append and split-KV.
+ *
+ * Decoding is memory-bound: a cached key and value is used by only Nq queries of each query
+ * head. So one CTA takes DEC_ROWS (query, head) pairs of one kv head's GQA group (group x Nq
+ * pairs, in chunks of 16 when there are more), and reads each of that kv head's keys once for
+ * all of them: S = Q K^T and O += P V are mma.sync m16n8k16 products with the pairs as the
+ * 16 rows. The CTA's four warps each stream their own tiles of DEC_KT keys (tiles w, w + 4,
+ * ...) through a private cp.async pipeline of STAGES tiles - no block barrier in the key
+ * loop - keep their own online softmax, and are combined through shared memory at the end.
+ *
+ * Split-KV: when batch x kv heads x row chunks leaves SMs idle, each sequence's keys are cut
+ * into num_splits ranges run by separate CTAs, each writing a normalized partial O and its
+ * LSE in float32 to a workspace; a second kernel combines the splits of every row by their
+ * LSE (the merge of merge.c). The append, when asked for, is a first kernel on the stream,
+ * so every key the attention reads - appended ones included - is in the cache by then.
+ *
+ * A key at or past a sequence's length is never read: its rows are zero-filled by cp.async
+ * (src-size 0) and its scores masked, so whatever the slot holds (NaN bit patterns in fresh
+ * memory) cannot reach the output. cache_seqlens and block_table live in device memory and
+ * are not checked by the front end; out-of-range values are clamped (a length to
+ * [0, capacity], a page outside the pool read as zeros) so that no memory outside the
+ * caches is touched.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "decode.h"
+#include "ptx.cuh"
+#include "runtime.h"
+
+#define DEC_WARPS 4
+#define DEC_THREADS (DEC_WARPS * 32)
+#define DEC_ROWS 16 /* (query, head) pairs per CTA: one mma tile of rows */
+#define DEC_KT 16   /* keys per warp tile */
+#define DEC_PAD 8   /* elements of padding per shared row (conflict-free ldmatrix) */
+#define DEC_MIN_SPLIT_KEYS 128
+#define DEC_LOG2E 1.4426950408889634f
+#define DEC_LN2 0.6931471805599453f
+
+typedef struct fc_decode_args {
+    const uint16_t *q;
+    const uint16_t *kc, *vc;
+    uint16_t *o;
+    float *lse;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+    int64_t lse_sb, lse_sh, lse_ss;
+    const int32_t *cache_seqlens;
+    const int32_t *block_table; /* NULL: contiguous */
+    int64_t bt_stride;
+    int page_shift, num_pages;
+    int seqlen_new, capacity;
+    int batch, nq, heads_q, heads_kv, group, rows_total, chunks, head_dim;
+    float scale;
+    int causal;                     /* a flashc_causal */
+    int window_left, window_right;  /* -1: unbounded */
+    float softcap;                  /* 0: off */
+    const float *alibi;             /* NULL: off */
+    int64_t alibi_bstride;
+    int splits, split_keys;
+    float *part_o;   /* splits > 1: [splits][B][Nq][Hq][head_dim] */
+    float *part_lse; /* splits > 1: [splits][B][Hq][Nq] */
+} fc_decode_args;
+
+typedef struct fc_append_args {
+    const uint16_t *kn, *vn;
+    uint16_t *kc, *vc;
+    int64_t kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh;
+    int64_t k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
+    const int32_t *cache_seqlens;
+    const int32_t *block_table;
+    int64_t bt_stride;
+    int page_shift, num_pages, capacity;
+    int batch, seqlen_new, heads_kv, head_dim;
+} fc_append_args;
+
+/* L_b, clamped to what the cache holds. */
+static __device__ __forceinline__ int seq_len(const int32_t *cache_seqlens, int b, int seqlen_new,
+                                              int capacity)
+{
+    long long l = (long long)cache_seqlens[b] + seqlen_new;
+    return l < 0 ? 0 : (l > capacity ? capacity : (int)l);
+}
+
+/* Element offset of key j of sequence b, kv head h, in a cache with strides (sb, ss, sh);
+ * 0 when paged and the page is outside the pool. */
+static __device__ __forceinline__ bool cache_offset(const int32_t *block_table, int64_t bt_stride,
+                                                    int page_shift, int num_pages, int b, int j,
+                                                    int64_t *outer, int64_t *slot)
+{
+    if (!block_table) {
+        *outer = b;
+        *slot = j;
+        return true;
+    }
+    const int page = block_table[(int64_t)b * bt_stride + (j >> page_shift)];
+    *outer = page;
+    *slot = j & ((1 << page_shift) - 1);
+    return page >= 0 && page < num_pages;
+}
+
+/* ---- append ------------------------------------------------------------------------------ */
+
+/* One thread per 16 bytes of a new key or value row: k_new[b, t, h] goes to slot
+ * cache_seqlens[b] + t of sequence b. */
+__global__ void __launch_bounds__(256) fc_append_kernel(const fc_append_args a)
+{
+    const int ch_per_row = a.head_dim / 8;
+    const int64_t total = (int64_t)a.batch * a.seqlen_new * a.heads_kv * ch_per_row;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
+         c += (int64_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(c % ch_per_row);
+        int64_t rest = c / ch_per_row;
+        const int h = (int)(rest % a.heads_kv);
+        rest /= a.heads_kv;
+        const int t = (int)(rest % a.seqlen_new);
+        const int b = (int)(rest / a.seqlen_new);
+        const long long j = (long long)a.cache_seqlens[b] + t;
+        if (j < 0 || j >= a.capacity) continue;
+        int64_t outer, slot;
+        if (!cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages, b, (int)j, &outer,
+                          &slot))
+            continue;
+        const int64_t col = (int64_t)ch * 8;
+        *(uint4 *)(a.kc + outer * a.k_sb + slot * a.k_ss + h * a.k_sh + col) =
+            *(const uint4 *)(a.kn + b * a.kn_sb + t * a.kn_ss + h * a.kn_sh + col);
+        *(uint4 *)(a.vc + outer * a.v_sb + slot * a.v_ss + h * a.v_sh + col) =
+            *(const uint4 *)(a.vn + b * a.vn_sb + t * a.vn_ss + h * a.vn_sh + col);
+    }
+}
+
+/* ---- attention --------------------------------------------------------------------------- */
+
+/* The keys row `pair` of the CTA sees within its split [ks, ke): [*lo, *hi), the rules of
+ * flashc_seq_key_range (backend.h) with Nk = L. Pairs past the group are empty. */
+static __device__ __forceinline__ void pair_range(const fc_decode_args &a, int pair, int L,
+                                                  int off, int ks, int ke, int *lo, int *hi)
+{
+    if (pair >= a.rows_total) {
+        *lo = *hi = 0;
+        return;
+    }
+    const long long diag = (long long)(pair / a.group) + off;
+    long long s = 0, e = L;
+    if (a.causal != FLASHC_CAUSAL_NONE && diag + 1 < e) e = diag + 1;
+    if (a.window_right >= 0 && diag + a.window_right + 1 < e) e = diag + a.window_right + 1;
+    if (a.window_left >= 0 && diag - a.window_left > s) s = diag - a.window_left;
+    if (s < ks) s = ks;
+    if (e > ke) e = ke;
+    if (s >= e) s = e = 0;
+    *lo = (int)s;
+    *hi = (int)e;
+}
+
+template <int D>
+struct dec_config {
+    static constexpr int STAGES = D <= 128 ? 3 : 2;
+    static constexpr int P = D + DEC_PAD; /* shared pitch in elements */
+    static constexpr int TILE_ELEMS = 2 * DEC_KT * P; /* one stage: K then V */
+    static constexpr size_t SMEM =
+        (size_t)(DEC_ROWS * P + DEC_WARPS * STAGES * TILE_ELEMS) * sizeof(uint16_t);
+    static constexpr bool Q_IN_REGS = D <= 128;
+};
+
+template <int D, int BF16>
+__global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_args a)
+{
+    using C = dec_config<D>;
+    constexpr int P = C::P, CH = D / 8, STAGES = C::STAGES;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t *qs = (uint16_t *)smem_raw;
+    uint16_t *stage_base = qs + DEC_ROWS * P;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int chunk = blockIdx.x % a.chunks, split = blockIdx.x / a.chunks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int L = seq_len(a.cache_seqlens, b, a.seqlen_new, a.capacity);
+    const int off = a.causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : L - a.nq;
+    const int ks = split * a.split_keys;
+    const int ke = ks + a.split_keys < L ? ks + a.split_keys : L;
+    const int pair0 = chunk * DEC_ROWS;
+
+    /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim) */
+    for (int c = tid; c < DEC_ROWS * CH; c += DEC_THREADS) {
+        const int r = c / CH, ch = c % CH, pair = pair0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pair < a.rows_total && ch * 8 < a.head_dim) {
+            const int i = pair / a.group, h = hk * a.group + pair % a.group;
+            v = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
+        }
+        *(uint4 *)(qs + r * P + ch * 8) = v;
+    }
+
+    /* the key range of the CTA (union over its pairs), and this thread's rows g and g + 8 */
+    int jbeg = 0x7fffffff, jend = 0;
+    for (int r = 0; r < DEC_ROWS; r++) {
+        int lo, hi;
+        pair_range(a, pair0 + r, L, off, ks, ke, &lo, &hi);
+        if (lo < hi) {
+            jbeg = lo < jbeg ? lo : jbeg;
+            jend = hi > jend ? hi : jend;
+        }
+    }
+    if (jend == 0) jbeg = 0;
+    int rlo[2], rhi[2], rdiag[2];
+    float slope[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int pair = pair0 + g + 8 * k;
+        pair_range(a, pair, L, off, ks, ke, &rlo[k], &rhi[k]);
+        rdiag[k] = pair / a.group + off;
+        slope[k] = 0.0f;
+        if (a.alibi && pair < a.rows_total)
+            slope[k] = a.alibi[b * a.alibi_bstride + hk * a.group + pair % a.group];
+    }
+    __syncthreads();
+
+    uint32_t qf[C::Q_IN_REGS ? D / 16 : 1][4];
+    const uint32_t q_lane_addr =
+        smem_addr(qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
+    if (C::Q_IN_REGS) {
+#pragma unroll
+        for (int kk = 0; kk < (C::Q_IN_REGS ? D / 16 : 0); kk++)
+            ldmatrix_x4(qf[kk], q_lane_addr + kk * 32);
+    }
+
+    float oacc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
+    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
+
+    const int ntiles = (jend - jbeg + DEC_KT - 1) / DEC_KT;
+    const int mine = ntiles > warp ? (ntiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
+    uint16_t *wbase = stage_base + warp * STAGES * C::TILE_ELEMS;
+
+    /* issues the cp.async copies of this warp's tile `it` into stage st: lane r % 16 finds
+     * the cache rows of key j0 + r % 16, the others take them by shuffle */
+    auto load_tile = [&](int it, int st) {
+        const int j0 = jbeg + (warp + it * DEC_WARPS) * DEC_KT;
+        const int jr = j0 + (lane & (DEC_KT - 1));
+        int ok = jr < jend;
+        int64_t koff = 0, voff = 0;
+        if (ok) {
+            int64_t outer, slot;
+            ok = cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages, b, jr, &outer,
+                              &slot);
+            koff = outer * a.k_sb + slot * a.k_ss + hk * a.k_sh;
+            voff = outer * a.v_sb + slot * a.v_ss + hk * a.v_sh;
+        }
+        uint16_t *kd = wbase + st * C::TILE_ELEMS, *vd = kd + DEC_KT * P;
+#pragma unroll
+        for (int i = 0; i < DEC_KT * CH / 32; i++) {
+            const int c = lane + 32 * i, r = c / CH, ch = c % CH;
+            const int64_t ko = __shfl_sync(0xffffffffu, koff, r);
+            const int64_t vo = __shfl_sync(0xffffffffu, voff, r);
+            const int v = __shfl_sync(0xffffffffu, ok, r) && ch * 8 < a.head_dim;
+            cp_async_16(smem_addr(kd + r * P + ch * 8), v ? a.kc + ko + ch * 8 : a.kc, v);
+            cp_async_16(smem_addr(vd + r * P + ch * 8), v ? a.vc + vo + ch * 8 : a.vc, v);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < mine) load_tile(s, s);
+        cp_async_commit();
+    }
+    const float cap = a.softcap;
+    const int alibi = a.alibi != NULL;
+    for (int it = 0; it < mine; it++) {
+        if (it + STAGES - 1 < mine) load_tile(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncwarp();
+        const uint16_t *kd = wbase + (it % STAGES) * C::TILE_ELEMS, *vd = kd + DEC_KT * P;
+        const int j0 = jbeg + (warp + it * DEC_WARPS) * DEC_KT;
+
+        /* S = Q K^T: 16 pairs x 16 keys, two n-tiles of 8 keys */
+        float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const uint32_t k_lane_addr =
+            smem_addr(kd + ((lane >> 4) * 8 + (lane & 7)) * P + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t kb[4], qa[4];
+            ldmatrix_x4(kb, k_lane_addr + kk * 32);
+            if (C::Q_IN_REGS) {
+                qa[0] = qf[C::Q_IN_REGS ? kk : 0][0], qa[1] = qf[C::Q_IN_REGS ? kk : 0][1];
+                qa[2] = qf[C::Q_IN_REGS ? kk : 0][2], qa[3] = qf[C::Q_IN_REGS ? kk : 0][3];
+            } else {
+                ldmatrix_x4(qa, q_lane_addr + kk * 32);
+            }
+            mma_16816<BF16>(sacc[0], qa, kb[0], kb[1]);
+            mma_16816<BF16>(sacc[1], qa, kb[2], kb[3]);
+        }
+
+        /* scale, softcap, ALiBi, mask; then into the log2 domain */
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int k = e >> 1, j = j0 + n * 8 + 2 * t4 + (e & 1);
+                float x = sacc[n][e] * a.scale;
+                if (cap > 0.0f) x = cap * tanhf(x / cap);
+                if (alibi) {
+                    const int dist = rdiag[k] - j;
+                    x -= slope[k] * (float)(dist < 0 ? -dist : dist);
+                }
+                x = (j >= rlo[k] && j < rhi[k]) ? x * DEC_LOG2E : -INFINITY;
+                sacc[n][e] = x;
+                tmax[k] = fmaxf(tmax[k], x);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float mnew = fmaxf(row_m[k], warp_quad_max(tmax[k]));
+            const float muse = mnew == -INFINITY ? 0.0f : mnew;
+            alpha[k] = fast_exp2(row_m[k] - muse);
+            row_m[k] = mnew;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                sacc[n][2 * k] = fast_exp2(sacc[n][2 * k] - muse);
+                sacc[n][2 * k + 1] = fast_exp2(sacc[n][2 * k + 1] - muse);
+                sum += sacc[n][2 * k] + sacc[n][2 * k + 1];
+            }
+            row_l[k] = row_l[k] * alpha[k] + sum;
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            oacc[n][0] *= alpha[0], oacc[n][1] *= alpha[0];
+            oacc[n][2] *= alpha[1], oacc[n][3] *= alpha[1];
+        }
+
+        /* O += P V: P (two S tiles) is the A operand as it stands */
+        uint32_t pa[4];
+        pa[0] = pack2<BF16>(sacc[0][0], sacc[0][1]);
+        pa[1] = pack2<BF16>(sacc[0][2], sacc[0][3]);
+        pa[2] = pack2<BF16>(sacc[1][0], sacc[1][1]);
+        pa[3] = pack2<BF16>(sacc[1][2], sacc[1][3]);
+        const uint32_t v_lane_addr =
+            smem_addr(vd + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, v_lane_addr + dp * 32);
+            mma_16816<BF16>(oacc[2 * dp], pa, vb[0], vb[1]);
+            mma_16816<BF16>(oacc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+
+    /* the warps' partial results combined through shared memory (the stages are free now) */
+    __syncthreads();
+    constexpr int RP = D + 4; /* float pitch of the reduction rows */
+    float *red = (float *)stage_base;                  /* [warps][16][RP] */
+    float *wm = red + DEC_WARPS * DEC_ROWS * RP;        /* [warps][16] */
+    float *wl = wm + DEC_WARPS * DEC_ROWS;              /* [warps][16] */
+#pragma unroll
+    for (int k = 0; k < 2; k++) row_l[k] = warp_quad_sum(row_l[k]);
+    if (t4 == 0) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            wm[warp * DEC_ROWS + g + 8 * k] = row_m[k];
+            wl[warp * DEC_ROWS + g + 8 * k] = row_l[k];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int r = g + 8 * k;
+        float mx = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, wm[w * DEC_ROWS + r]);
+        float tot = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float m = wm[w * DEC_ROWS + r];
+            if (m != -INFINITY) tot += wl[w * DEC_ROWS + r] * fast_exp2(m - mx);
+        }
+        const float own = row_m[k] == -INFINITY ? 0.0f : fast_exp2(row_m[k] - mx);
+        const float f = tot > 0.0f ? own / tot : 0.0f;
+        float *dst = red + (warp * DEC_ROWS + r) * RP + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *(float2 *)(dst + n * 8) = make_float2(oacc[n][2 * k] * f, oacc[n][2 * k + 1] * f);
+    }
+    __syncthreads();
+
+    const int nrows = a.rows_total - pair0 < DEC_ROWS ? a.rows_total - pair0 : DEC_ROWS;
+    for (int c = tid; c < nrows * (D / 4); c += DEC_THREADS) {
+        const int r = c / (D / 4), col = (c % (D / 4)) * 4;
+        if (col >= a.head_dim) continue;
+        float4 s = *(const float4 *)(red + r * RP + col);
+#pragma unroll
+        for (int w = 1; w < DEC_WARPS; w++) {
+            const float4 x = *(const float4 *)(red + (w * DEC_ROWS + r) * RP + col);
+            s.x += x.x, s.y += x.y, s.z += x.z, s.w += x.w;
+        }
+        const int pair = pair0 + r, i = pair / a.group, h = hk * a.group + pair % a.group;
+        if (a.splits == 1) {
+            uint2 v;
+            v.x = pack2<BF16>(s.x, s.y);
+            v.y = pack2<BF16>(s.z, s.w);
+            *(uint2 *)(a.o + b * a.o_sb + i * a.o_ss + h * a.o_sh + col) = v;
+        } else {
+            const int64_t row = (((int64_t)split * a.batch + b) * a.nq + i) * a.heads_q + h;
+            *(float4 *)(a.part_o + row * a.head_dim + col) = s;
+        }
+    }
+    if (tid < nrows) {
+        const int r = tid, pair = pair0 + r, i = pair / a.group, h = hk * a.group + pair % a.group;
+        float mx = -INFINITY, tot = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, wm[w * DEC_ROWS + r]);
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float m = wm[w * DEC_ROWS + r];
+            if (m != -INFINITY) tot += wl[w * DEC_ROWS + r] * fast_exp2(m - mx);
+        }
+        const float lse = tot > 0.0f ? (mx + log2f(tot)) * DEC_LN2 : -INFINITY;
+        if (a.splits == 1)
+            a.lse[b * a.lse_sb + h * a.lse_sh + i * a.lse_ss] = lse;
+        else
+            a.part_lse[(((int64_t)split * a.batch + b) * a.heads_q + h) * a.nq + i] = lse;
+    }
+}
+
+/* ---- split combine ----------------------------------------------------------------------- */
+
+#define COMBINE_WARPS 4
+
+/* One warp per output row (b, i, h): the splits' partial O weighted by exp(lse_s - lse). */
+template <int BF16>
+__global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(const fc_decode_args a)
+{
+    __shared__ float wsh[COMBINE_WARPS][FLASHC_KVCACHE_MAX_SPLITS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t rows = (int64_t)a.batch * a.nq * a.heads_q;
+    const int64_t r = (int64_t)blockIdx.x * COMBINE_WARPS + warp;
+    if (r >= rows) return;
+    const int h = (int)(r % a.heads_q), i = (int)((r / a.heads_q) % a.nq),
+              b = (int)(r / ((int64_t)a.heads_q * a.nq));
+    const int64_t bstride = (int64_t)a.batch * a.heads_q * a.nq;
+    const int64_t lrow = ((int64_t)b * a.heads_q + h) * a.nq + i;
+    float l0 = lane < a.splits ? a.part_lse[lane * bstride + lrow] : -INFINITY;
+    float l1 = lane + 32 < a.splits ? a.part_lse[(lane + 32) * bstride + lrow] : -INFINITY;
+    float m = fmaxf(l0, l1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    uint16_t *orow = a.o + b * a.o_sb + i * a.o_ss + h * a.o_sh;
+    float *lse = a.lse + b * a.lse_sb + h * a.lse_sh + i * a.lse_ss;
+    if (m == -INFINITY) { /* no split saw a key */
+        for (int col = lane * 4; col < a.head_dim; col += 128) *(uint2 *)(orow + col) = make_uint2(0, 0);
+        if (lane == 0) *lse = -INFINITY;
+        return;
+    }
+    const float w0 = l0 == -INFINITY ? 0.0f : expf(l0 - m);
+    const float w1 = l1 == -INFINITY ? 0.0f : expf(l1 - m);
+    float sum = w0 + w1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / sum;
+    wsh[warp][lane] = w0 * inv;
+    wsh[warp][lane + 32] = w1 * inv;
+    __syncwarp();
+    const int64_t ostride = bstride * a.head_dim; /* floats between one split and the next */
+    const float *po = a.part_o + (((int64_t)b * a.nq + i) * a.heads_q + h) * a.head_dim;
+    for (int col = lane * 4; col < a.head_dim; col += 128) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < a.splits; s++) {
+            const float w = wsh[warp][s];
+            if (w == 0.0f) continue; /* an empty split: its O is not used */
+            const float4 x = *(const float4 *)(po + s * ostride + col);
+            acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+        }
+        uint2 v;
+        v.x = pack2<BF16>(acc.x, acc.y);
+        v.y = pack2<BF16>(acc.z, acc.w);
+        *(uint2 *)(orow + col) = v;
+    }
+    if (lane == 0) *lse = m + logf(sum);
+}
+
+/* ---- host -------------------------------------------------------------------------------- */
+
+typedef void (*decode_fn)(const fc_decode_args);
+
+typedef struct decode_kernel {
+    decode_fn fn;
+    size_t smem;
+} decode_kernel;
+
+template <int D>
+static decode_kernel pick_d(int bf16)
+{
+    decode_kernel k;
+    k.fn = bf16 ? fc_decode_kernel<D, 1> : fc_decode_kernel<D, 0>;
+    k.smem = dec_config<D>::SMEM;
+    return k;
+}
+
+/* The compiled head dim that serves head_dim (a multiple of 8 up to 256; the extra
+ * columns are zero-filled and never stored), or a kernel with fn NULL. */
+static decode_kernel pick_kernel(int head_dim, int bf16)
+{
+    decode_kernel none = {NULL, 0};
+    if (head_dim <= 0 || head_dim % 8 != 0) return none;
+    if (head_dim <= 32) return pick_d<32>(bf16);
+    if (head_dim <= 64) return pick_d<64>(bf16);
+    if (head_dim <= 96) return pick_d<96>(bf16);
+    if (head_dim <= 128) return pick_d<128>(bf16);
+    if (head_dim <= 192) return pick_d<192>(bf16);
+    if (head_dim <= 256) return pick_d<256>(bf16);
+    return none;
+}
+
+static flashc_status check_args(const fc_cuda_state *s, const flashc_kvcache_problem *pr,
+                                const flashc_tensor *q, const flashc_tensor *k_cache,
+                                const flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                const flashc_tensor *v_new, const flashc_tensor *out,
+                                const flashc_tensor *lse)
+{
+    flashc_status st;
+    if ((st = fc_check_tensor(s, q, "q")) != FLASHC_OK) return st;
+    if ((st = fc_check_tensor(s, k_cache, "k_cache")) != FLASHC_OK) return st;
+    if ((st = fc_check_tensor(s, v_cache, "v_cache")) != FLASHC_OK) return st;
+    if (k_new && (st = fc_check_tensor(s, k_new, "k_new")) != FLASHC_OK) return st;
+    if (v_new && (st = fc_check_tensor(s, v_new, "v_new")) != FLASHC_OK) return st;
+    if ((st = fc_check_tensor(s, out, "out")) != FLASHC_OK) return st;
+    if ((st = fc_check_device_pointer(s, lse->data, "lse")) != FLASHC_OK) return st;
+    if ((st = fc_check_device_pointer(s, pr->cache_seqlens, "kv.cache_seqlens")) != FLASHC_OK)
+        return st;
+    if (pr->paged &&
+        (st = fc_check_device_pointer(s, pr->block_table, "kv.block_table")) != FLASHC_OK)
+        return st;
+    if ((pr->base.features & FLASHC_FEATURE_ALIBI) &&
+        (st = fc_check_device_pointer(s, pr->base.alibi_slopes, "params.alibi_slopes")) != FLASHC_OK)
+        return st;
+    return FLASHC_OK;
+}
+
+static int clamp_window(int64_t w)
+{
+    return w < 0 ? -1 : (w > 0x7fffffffLL ? 0x7fffffff : (int)w);
+}
+
+flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
+                                      const flashc_tensor *q, flashc_tensor *k_cache,
+                                      flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                      const flashc_tensor *v_new, flashc_tensor *out,
+                                      flashc_tensor *lse)
+{
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
+    const flashc_problem *bp = &pr->base;
+    if (bp->dtype != FLASHC_F16 && bp->dtype != FLASHC_BF16)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: the KV cache must be fp16 or bf16 (float32 is served by the "
+                            "CPU backend)");
+    if (bp->out_dtype != bp->dtype)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: out must have q's dtype");
+    const int bf16 = bp->dtype == FLASHC_BF16;
+    const decode_kernel kern = pick_kernel((int)bp->head_dim, bf16);
+    if (!kern.fn)
+        return flashc_error(FLASHC_ERROR_INVALID_HEAD_DIM,
+                            "cuda: head_dim %lld is not served: the CUDA kernels need a multiple "
+                            "of 8 up to 256",
+                            (long long)bp->head_dim);
+    const int64_t group = bp->heads_q / bp->heads_kv;
+    if (pr->capacity > 0x7fff0000LL || bp->seqlen_q * group > 0x7fff0000LL ||
+        pr->seqlen_new > 0x7fff0000LL)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: cache capacity and seqlen_q x (heads_q / heads_kv) above "
+                            "2^31 - 2^16 are not served");
+    if (bp->batch > 65535 || bp->heads_kv > 65535)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: batch and heads_kv must each be at most 65535 (grid limits)");
+    if (kern.smem > s->smem_optin)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: head_dim %lld needs %zu bytes of shared memory per block; %s "
+                            "allows %zu",
+                            (long long)bp->head_dim, kern.smem, s->name, s->smem_optin);
+
+    fc_device_guard guard;
+    flashc_status st = fc_guard_enter(&guard, s);
+    if (st != FLASHC_OK) return st;
+    if ((st = check_args(s, pr, q, k_cache, v_cache, k_new, v_new, out, lse)) != FLASHC_OK) {
+        fc_guard_leave(&guard);
+        return st;
+    }
+    cudaStream_t stream = (cudaStream_t)bp->stream;
+    cudaError_t err = cudaFuncSetAttribute((const void *)kern.fn,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)kern.smem);
+    int per_sm = 0;
+    if (err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)kern.fn,
+                                                            DEC_THREADS, kern.smem);
+    if (err != cudaSuccess) {
+        fc_guard_leave(&guard);
+        return fc_cuda_error(err, "decode kernel attributes");
+    }
+
+    fc_decode_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const uint16_t *)q->data;
+    a.kc = (const uint16_t *)k_cache->data;
+    a.vc = (const uint16_t *)v_cache->data;
+    a.o = (uint16_t *)out->data;
+    a.lse = (float *)lse->data;
+    a.q_sb = q->stride[0], a.q_ss = q->stride[1], a.q_sh = q->stride[2];
+    a.k_sb = k_cache->stride[0], a.k_ss = k_cache->stride[1], a.k_sh = k_cache->stride[2];
+    a.v_sb = v_cache->stride[0], a.v_ss = v_cache->stride[1], a.v_sh = v_cache->stride[2];
+    a.o_sb = out->stride[0], a.o_ss = out->stride[1], a.o_sh = out->stride[2];
+    a.lse_sb = lse->stride[0], a.lse_sh = lse->stride[1], a.lse_ss = lse->stride[2];
+    a.cache_seqlens = pr->cache_seqlens;
+    if (pr->paged) {
+        a.block_table = pr->block_table;
+        a.bt_stride = pr->block_table_stride;
+        a.page_shift = pr->page_shift;
+        a.num_pages = pr->num_pages > 0x7fffffffLL ? 0x7fffffff : (int)pr->num_pages;
+    }
+    a.seqlen_new = (int)pr->seqlen_new;
+    a.capacity = (int)pr->capacity;
+    a.batch = (int)bp->batch;
+    a.nq = (int)bp->seqlen_q;
+    a.heads_q = (int)bp->heads_q;
+    a.heads_kv = (int)bp->heads_kv;
+    a.group = (int)group;
+    a.rows_total = (int)(group * bp->seqlen_q);
+    a.chunks = (a.rows_total + DEC_ROWS - 1) / DEC_ROWS;
+    a.head_dim = (int)bp->head_dim;
+    a.scale = bp->scale;
+    a.causal = bp->causal;
+    a.window_left = a.window_right = -1;
+    if (bp->features & FLASHC_FEATURE_WINDOW) {
+        a.window_left = clamp_window(bp->window_left);
+        a.window_right = clamp_window(bp->window_right);
+    }
+    a.softcap = (bp->features & FLASHC_FEATURE_SOFTCAP) ? bp->softcap : 0.0f;
+    if (bp->features & FLASHC_FEATURE_ALIBI) {
+        a.alibi = bp->alibi_slopes;
+        a.alibi_bstride = bp->alibi_batch_stride;
+    }
+
+    /* split-KV: the device does not know the lengths without a copy, so the splits cut the
+     * capacity (pr->max_len); a split past a sequence's end is a CTA that writes -inf */
+    const int64_t tasks = bp->batch * bp->heads_kv * a.chunks;
+    int32_t splits = pr->num_splits > 0
+                         ? pr->num_splits
+                         : flashc_kvcache_num_splits(tasks, pr->max_len,
+                                                     (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1),
+                                                     DEC_MIN_SPLIT_KEYS);
+    int64_t per = (pr->max_len + splits - 1) / splits;
+    per = per < DEC_KT ? DEC_KT : (per + DEC_KT - 1) / DEC_KT * DEC_KT;
+    splits = (int32_t)((pr->max_len + per - 1) / per);
+    if (splits < 1) splits = 1;
+    a.splits = splits;
+    a.split_keys = (int)per;
+    if ((int64_t)splits * a.chunks > 0x7fffffffLL) {
+        fc_guard_leave(&guard);
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: too many query rows for one grid");
+    }
+
+    /* everything is allocated before the append and the first output write */
+    char *ws = NULL;
+    size_t o_bytes = 0;
+    if (splits > 1) {
+        const size_t rows = (size_t)splits * (size_t)(bp->batch * bp->seqlen_q * bp->heads_q);
+        o_bytes = (rows * (size_t)bp->head_dim * sizeof(float) + 255) & ~(size_t)255;
+        err = cudaMallocAsync((void **)&ws, o_bytes + rows * sizeof(float), stream);
+        if (err != cudaSuccess) {
+            fc_guard_leave(&guard);
+            return fc_cuda_error(err, "cudaMallocAsync (split-KV workspace)");
+        }
+        a.part_o = (float *)ws;
+        a.part_lse = (float *)(ws + o_bytes);
+    }
+
+    const char *what = "append kernel launch";
+    if (pr->seqlen_new > 0) {
+        fc_append_args ap;
+        memset(&ap, 0, sizeof ap);
+        ap.kn = (const uint16_t *)k_new->data, ap.vn = (const uint16_t *)v_new->data;
+        ap.kc = (uint16_t *)k_cache->data, ap.vc = (uint16_t *)v_cache->data;
+        ap.kn_sb = k_new->stride[0], ap.kn_ss = k_new->stride[1], ap.kn_sh = k_new->stride[2];
+        ap.vn_sb = v_new->stride[0], ap.vn_ss = v_new->stride[1], ap.vn_sh = v_new->stride[2];
+        ap.k_sb = a.k_sb, ap.k_ss = a.k_ss, ap.k_sh = a.k_sh;
+        ap.v_sb = a.v_sb, ap.v_ss = a.v_ss, ap.v_sh = a.v_sh;
+        ap.cache_seqlens = a.cache_seqlens;
+        ap.block_table = a.block_table;
+        ap.bt_stride = a.bt_stride;
+        ap.page_shift = a.page_shift;
+        ap.num_pages = a.num_pages;
+        ap.capacity = a.capacity;
+        ap.batch = a.batch;
+        ap.seqlen_new = a.seqlen_new;
+        ap.heads_kv = a.heads_kv;
+        ap.head_dim = a.head_dim;
+        const int64_t chunks16 = bp->batch * pr->seqlen_new * bp->heads_kv * (bp->head_dim / 8);
+        int64_t blocks = (chunks16 + 255) / 256;
+        const int64_t most = (int64_t)s->num_sms * 16;
+        blocks = blocks > most ? most : (blocks < 1 ? 1 : blocks);
+        fc_append_kernel<<<(unsigned)blocks, 256, 0, stream>>>(ap);
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess) {
+        what = "decode kernel launch";
+        dim3 grid((unsigned)(splits * a.chunks), (unsigned)a.heads_kv, (unsigned)a.batch);
+        kern.fn<<<grid, DEC_THREADS, kern.smem, stream>>>(a);
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess && splits > 1) {
+        what = "split combine kernel launch";
+        const int64_t rows = bp->batch * bp->seqlen_q * bp->heads_q;
+        const int64_t blocks = (rows + COMBINE_WARPS - 1) / COMBINE_WARPS;
+        if (blocks > 0x7fffffffLL) {
+            err = cudaErrorInvalidConfiguration;
+        } else if (bf16) {
+            fc_decode_combine_kernel<1><<<(unsigned)blocks, COMBINE_WARPS * 32, 0, stream>>>(a);
+            err = cudaGetLastError();
+        } else {
+            fc_decode_combine_kernel<0><<<(unsigned)blocks, COMBINE_WARPS * 32, 0, stream>>>(a);
+            err = cudaGetLastError();
+        }
+    }
+    if (ws) {
+        cudaError_t err2 = cudaFreeAsync(ws, stream);
+        if (err == cudaSuccess && err2 != cudaSuccess) {
+            err = err2;
+            what = "cudaFreeAsync (split-KV workspace)";
+        }
+    }
+    fc_guard_leave(&guard);
+    if (err != cudaSuccess) return fc_cuda_error(err, what);
+    return FLASHC_OK;
+}
