@@ -791,4 +791,40 @@ SM90_DEVICE float sm90_quad_sum(float x)
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* ---- additions for the backward ------------------------------------------------------------- */
+
+/* Copies bytes (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory
+ * into shared memory, completing as transactions on bar: how the backward's producer brings
+ * the per-row LSE and delta vectors in beside the Q and dO tiles. */
+SM90_DEVICE void sm90_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     dst),
+                 "l"((uint64_t)src), "r"(bytes), "r"(sm90_smem_addr(bar))
+                 : "memory");
+}
+
+/* Four fp32 additions into 16 contiguous, 16-byte aligned bytes of global memory, one
+ * reduction instruction (sm_90): the dQ accumulation, with no value returned. */
+SM90_DEVICE void sm90_red_add_v4(float *p, float a, float b, float c, float d)
+{
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+
+/* A load with acquire semantics at GPU scope: spinning on a semaphore that another CTA
+ * releases, after which that CTA's earlier writes are visible. */
+SM90_DEVICE int sm90_ld_acquire_gpu(const int *p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* One 16-bit store to shared memory (a transposed write of an accumulator element). */
+SM90_DEVICE void sm90_st_shared_b16(uint32_t addr, uint16_t v)
+{
+    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+
 #endif /* FLASHC_CUDA_SM90_PTX_CUH */

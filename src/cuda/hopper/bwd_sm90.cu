@@ -1,0 +1,656 @@
+/*
+ * bwd_sm90.cu - the FlashAttention backward for Hopper (sm_90a): a delta pre-pass, a
+ * warp-specialized main kernel (TMA + mbarrier ring, wgmma for all five products) and a dQ
+ * conversion pass. Build for -gencode=arch=compute_90a,code=sm_90a.
+ *
+ * 1. fc_sm90_bwd_pre: per query row, delta = rowsum(dO * O) in fp32 and lse2 = LSE * log2(e)
+ *    (+inf for a row that sees no key, so that its P is exp2(-inf) = 0 whatever its scores);
+ *    rows past seqlen_q up to the padded length get delta 0 and lse2 +inf. It also zeroes the
+ *    fp32 dQ accumulator and the deterministic-mode semaphores.
+ *
+ * 2. fc_sm90_bwd_kernel: one CTA per (key block of BN = 128 keys, kv head, batch), three
+ *    warpgroups (384 threads):
+ *      warpgroup 0, producer (setmaxnreg.dec 24): one elected thread loads K and V of the
+ *        block once, then for every query head of the kv head's group and every query block
+ *        i that sees a key of the block, Q_i and dO_i (TMA, 128-byte swizzle) and lse2_i,
+ *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers.
+ *      warpgroups 1 and 2, consumers (setmaxnreg.inc 240): consumer c owns keys
+ *        [64c, 64c + 64) of the block and keeps their dK and dV in fp32 registers for the
+ *        whole loop. Per query block (BM rows), with keys on the wgmma M side ("swapped"):
+ *            S^T  = K_c Q^T                    wgmma SS, both K-major
+ *            dP^T = V_c dO^T                   wgmma SS, both K-major
+ *            P^T  = exp2(S^T scale log2e - lse2)   (masked entries set to 0)
+ *            dS^T = P^T (dP^T - delta)
+ *            dV  += P^T dO                      wgmma RS: P^T from registers, dO MN-major
+ *            dK  += dS^T Q                      wgmma RS: dS^T from registers, Q MN-major
+ *            dS -> shared memory, transposed (query rows, K-major), both consumers' halves
+ *            dQ_unit = dS K                     wgmma SS, dS K-major, K MN-major
+ *        and the dQ unit (64 x 64 fp32, see below) is added into the fp32 accumulator with
+ *        red.global.add.v4.f32, in the accumulator-fragment order (thread t's registers 4g..4g+3 at float 512 g + 4 t), so
+ *        that a warp's reductions cover 512 contiguous bytes. In deterministic mode a
+ *        semaphore per (batch, query head, query block, unit) makes the key blocks add in
+ *        ascending order.
+ *      The S and dP accumulators of a row that sees no key, or of a key past seqlen_k (TMA
+ *      zero-fills rows outside the tensor), give P = 0 and so contribute nothing. dK is
+ *      scaled by the softmax scale in the epilogue; dK and dV are stored directly (rows past
+ *      seqlen_k skipped). GQA: the CTA walks all query heads of its kv head, so dK and dV sum
+ *      the group in registers, deterministically.
+ *
+ * 3. fc_sm90_bwd_post: dQ = scale * accumulator, to 16 bits, from the fragment order back to
+ *    [row][column].
+ *
+ * BM = 64 query rows per block. Head dim 128: consumer c's dQ unit is head-dim columns
+ * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS). Head dim 64: each
+ * consumer computes the whole 64 x 64 dQ over its own 64 keys and both add into the same
+ * accumulator (twice the reduction traffic; a 32-column split would halve it). Every GEMM
+ * uses an operand form (K-major SS, MN-major B in SS and RS) that the forward's layout probe
+ * checked.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bwd_sm90.h"
+#include "sm90_ptx.cuh"
+
+#define SM90B_BN 128      /* keys per CTA: 64 per consumer warpgroup */
+#define SM90B_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+#define SM90B_STAGES 2
+#define SM90B_PRODUCER_REGS 24
+#define SM90B_CONSUMER_REGS 240
+
+/* Named barriers: 0 is __syncthreads; 1 gathers both consumers once dS is in shared memory;
+ * 2 and 3 order one consumer's threads around a deterministic-mode semaphore. */
+#define SM90B_BAR_DS 1
+#define SM90B_BAR_SEM0 2
+
+/* Query rows per block (for every head dim, so far). */
+#define SM90B_BM(D) 64
+
+typedef struct sm90_bwd_params {
+    const float *lse2, *delta; /* [batch * heads_q][sqr] */
+    float *dq_acc;             /* [batch * heads_q][sqr][D], fragment order inside a block */
+    int *sem;                  /* [batch * heads_q][m_blocks][2] */
+    void *dk, *dv;
+    int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    int seqlen_q, seqlen_k, sqr, heads_q, group, m_blocks;
+    int causal, causal_offset, deterministic;
+    float scale_log2, scale;
+} sm90_bwd_params;
+
+/* Shared memory, every tile 1024-byte aligned: K, V, the Q ring, the dO ring, two dS buffers
+ * (the next block's dS is written while the other consumer may still read this one), the
+ * lse2/delta vectors per stage, the mbarriers. */
+template <int D, int BM>
+struct sm90_bwd_layout {
+    static constexpr int BN = SM90B_BN, STAGES = SM90B_STAGES;
+    static constexpr uint32_t KV_BYTES = BN * D * 2;
+    static constexpr uint32_t QT_BYTES = BM * D * 2;
+    static constexpr uint32_t DS_BYTES = BM * BN * 2;
+    static constexpr uint32_t VEC_BYTES = 2 * BM * 4;
+    static constexpr uint32_t K_OFF = 0;
+    static constexpr uint32_t V_OFF = KV_BYTES;
+    static constexpr uint32_t Q_OFF = 2 * KV_BYTES;
+    static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QT_BYTES;
+    static constexpr uint32_t DS_OFF = DO_OFF + STAGES * QT_BYTES;
+    static constexpr uint32_t VEC_OFF = DS_OFF + 2 * DS_BYTES;
+    static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
+    static constexpr uint32_t BARS = 1 + 2 * STAGES;
+    static constexpr uint32_t TOTAL = BAR_OFF + BARS * 8 + 1024; /* + alignment slack */
+};
+
+/* ---- 1. pre-pass ----------------------------------------------------------------------------- */
+
+typedef struct sm90_bwd_pre_params {
+    const void *o, *dout;
+    const float *lse;
+    int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, lse_sb, lse_sh, lse_ss;
+    float *lse2, *delta, *dq_acc;
+    int *sem; /* NULL unless deterministic */
+    int seqlen_q, sqr, heads_q, bm, m_blocks;
+} sm90_bwd_pre_params;
+
+template <int BF16>
+static __device__ __forceinline__ float sm90b_lo(uint32_t w)
+{
+    return BF16 ? __uint_as_float(w << 16) : __half2float(__ushort_as_half((unsigned short)(w & 0xffff)));
+}
+
+template <int BF16>
+static __device__ __forceinline__ float sm90b_hi(uint32_t w)
+{
+    return BF16 ? __uint_as_float(w & 0xffff0000u) : __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+
+/* One warp per row: the head dim in pairs across the lanes, a butterfly sum. */
+template <int D, int BF16>
+__global__ void __launch_bounds__(256) fc_sm90_bwd_pre(const sm90_bwd_pre_params p)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+    if (i >= p.sqr) return;
+    const int64_t bh = (int64_t)b * p.heads_q + h;
+    float sum = 0.f;
+    float l2 = INFINITY;
+    if (i < p.seqlen_q) {
+        const uint32_t *orow = (const uint32_t *)((const uint16_t *)p.o + b * p.o_sb + i * p.o_ss + h * p.o_sh);
+        const uint32_t *drow =
+            (const uint32_t *)((const uint16_t *)p.dout + b * p.do_sb + i * p.do_ss + h * p.do_sh);
+#pragma unroll
+        for (int x = lane; x < D / 2; x += 32) {
+            const uint32_t ow = orow[x], dw = drow[x];
+            sum += sm90b_lo<BF16>(ow) * sm90b_lo<BF16>(dw) + sm90b_hi<BF16>(ow) * sm90b_hi<BF16>(dw);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        const float lse = p.lse[b * p.lse_sb + h * p.lse_sh + i * p.lse_ss];
+        l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    }
+    if (lane == 0) {
+        p.delta[bh * p.sqr + i] = sum;
+        p.lse2[bh * p.sqr + i] = l2;
+    }
+    float4 *acc = (float4 *)(p.dq_acc + (bh * p.sqr + i) * D);
+    for (int x = lane; x < D / 4; x += 32) acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.sem && i % p.bm == 0 && lane < 2) p.sem[(bh * p.m_blocks + i / p.bm) * 2 + lane] = 0;
+}
+
+/* ---- 2. main kernel -------------------------------------------------------------------------- */
+
+/* Issues d = A B^T over the head dim, D / 16 wgmmas: A is 64 rows of a [BN][D] tile (K or V),
+ * B the [BM][D] tile (Q or dO), both K-major in 64-column panels. */
+template <int D, int BM, int BF16>
+static __device__ __forceinline__ void sm90b_issue_kt(float (&d)[BM / 2], uint32_t a_rows, uint32_t b_tile)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t koff = (kk & 3) * 32;
+        const uint64_t da = sm90_desc_kmajor(a_rows + (kk >> 2) * (SM90B_BN * 128) + koff);
+        const uint64_t db = sm90_desc_kmajor(b_tile + (kk >> 2) * (BM * 128) + koff);
+        sm90_wgmma_ss<BM, BF16, 0>(d, da, db, kk > 0);
+    }
+    sm90_wgmma_commit();
+}
+
+/* Issues acc += A^T X over the BM queries, A^T from registers (the packed S^T or dS^T
+ * accumulator), X a [BM][D] tile (dO or Q) read MN-major. */
+template <int D, int BM, int BF16>
+static __device__ __forceinline__ void sm90b_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[BM / 16][4],
+                                                      uint32_t x_tile)
+{
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) {
+        const uint64_t db = sm90_desc_mnmajor(x_tile + kk * 16 * 128, BM * 128);
+        sm90_wgmma_rs<D, BF16, 1>(acc, a[kk], db, 1);
+    }
+}
+
+template <int BF16>
+static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off, float x, float y)
+{
+    *(uint32_t *)((uint16_t *)base + off) = sm90_pack2<BF16>(x, y);
+}
+
+template <int D, int BF16>
+__global__ void __launch_bounds__(SM90B_THREADS, 1)
+fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                   const sm90_bwd_params p)
+{
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = SM90B_BM(D), BN = SM90B_BN, STAGES = SM90B_STAGES;
+    typedef sm90_bwd_layout<D, BM> L;
+    constexpr int PANELS = D / 64;
+    static_assert(BM == 64 && (D == 64 || D == 128), "tile shape");
+
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = sm90_smem_addr(smem_raw);
+    uint8_t *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+    const uint32_t sbase = sm90_smem_addr(smem);
+    uint64_t *bars = (uint64_t *)(smem + L::BAR_OFF);
+    uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 1 + STAGES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = nb * BN;
+
+    /* Query blocks [m_min, m_blocks) see a key of this block: with causal masking, query i
+     * sees key j when j <= i + offset, so the first row that sees key n0 is n0 - offset.
+     * Producer and consumers walk the same (query head, query block) list. */
+    int m_min = 0, nm = p.m_blocks;
+    if (p.causal) {
+        const int first = n0 - p.causal_offset;
+        if (first > p.seqlen_q - 1) nm = 0;
+        else {
+            m_min = max(first, 0) / BM;
+            nm = p.m_blocks - m_min;
+        }
+    }
+    const int n_iter = nm * p.group;
+
+    if (tid == 0) {
+        sm90_mbar_init(kv_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            sm90_mbar_init(&q_full[s], 1);
+            sm90_mbar_init(&q_empty[s], 2); /* one arrival per consumer warpgroup */
+        }
+        sm90_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---------------- producer ---------------- */
+        sm90_setmaxnreg_dec<SM90B_PRODUCER_REGS>();
+        if (warp == 0 && sm90_elect_one() && n_iter > 0) {
+            sm90_tma_prefetch_desc(&tm_q);
+            sm90_tma_prefetch_desc(&tm_k);
+            sm90_tma_prefetch_desc(&tm_v);
+            sm90_tma_prefetch_desc(&tm_do);
+            sm90_mbar_arrive_expect_tx(kv_full, 2 * L::KV_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < PANELS; pn++) {
+                sm90_tma_load_4d(sbase + L::K_OFF + pn * (BN * 128), &tm_k, kv_full, pn * 64, n0, hk, b);
+                sm90_tma_load_4d(sbase + L::V_OFF + pn * (BN * 128), &tm_v, kv_full, pn * 64, n0, hk, b);
+            }
+            int s = 0;
+            uint32_t ph = 0;
+            for (int it = 0; it < n_iter; it++) {
+                const int qh = hk * p.group + it / nm, m0 = (m_min + it % nm) * BM;
+                const int64_t row = ((int64_t)b * p.heads_q + qh) * p.sqr + m0;
+                const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
+                const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
+                const uint32_t svec = sbase + L::VEC_OFF + s * L::VEC_BYTES;
+                sm90_mbar_wait(&q_empty[s], ph ^ 1);
+                sm90_mbar_arrive_expect_tx(&q_full[s], 2 * L::QT_BYTES + L::VEC_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < PANELS; pn++) {
+                    sm90_tma_load_4d(sq_t + pn * (BM * 128), &tm_q, &q_full[s], pn * 64, m0, qh, b);
+                    sm90_tma_load_4d(sdo_t + pn * (BM * 128), &tm_do, &q_full[s], pn * 64, m0, qh, b);
+                }
+                sm90_bulk_load(svec, p.lse2 + row, BM * 4, &q_full[s]);
+                sm90_bulk_load(svec + BM * 4, p.delta + row, BM * 4, &q_full[s]);
+                if (++s == STAGES) s = 0, ph ^= 1;
+            }
+        }
+    } else {
+        /* ---------------- consumers ---------------- */
+        sm90_setmaxnreg_inc<SM90B_CONSUMER_REGS>();
+        const int c = wg - 1;        /* consumer index: keys [64c, 64c + 64) of the block */
+        const int t = tid - 128 * wg; /* thread within the warpgroup */
+        const int kw0 = n0 + 64 * c;  /* first key of this consumer */
+        const int kr_l = (warp & 3) * 16 + (lane >> 2); /* this thread's key rows: +0, +8 */
+        const int qc_l = 2 * (lane & 3);                /* its query columns: 8g + qc_l + {0, 1} */
+        /* d128: consumer c computes head-dim panel c of the block's dQ over all 128 keys
+         * (unit c); d64: the whole 64 x 64 dQ over its own 64 keys, both adding into unit 0 */
+        const int pb = D == 128 ? c : 0, unit = D == 128 ? c : 0;
+        constexpr int KQ = D == 128 ? BN / 16 : 4;
+        const uint32_t sK = sbase + L::K_OFF, sV = sbase + L::V_OFF;
+
+        float dv[D / 2], dk[D / 2];
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
+
+        if (n_iter > 0) {
+            sm90_mbar_wait(kv_full, 0);
+            for (int it = 0; it < n_iter; it++) {
+                const int s = it % STAGES;
+                const uint32_t ph = (uint32_t)((it / STAGES) & 1);
+                const int qh = hk * p.group + it / nm, m0 = (m_min + it % nm) * BM;
+                const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
+                const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
+                const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
+                const uint32_t sds = sbase + L::DS_OFF + (it & 1) * L::DS_BYTES;
+
+                float sc[BM / 2], dp[BM / 2];
+                sm90_mbar_wait(&q_full[s], ph);
+                sm90_wgmma_fence();
+                sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
+                sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                sm90_fence_regs(sc);
+                sm90_fence_regs(dp);
+                sm90_wgmma_wait<1>(); /* S^T is in; dP^T may still run while P^T is computed */
+                sm90_fence_regs(sc);
+
+                /* P^T = exp2(S^T * scale * log2e - lse2), query columns from the stage's vector.
+                 * Keys past seqlen_k, or past the causal diagonal of the block's first row,
+                 * get 0 (a lse2 of +inf, a row that sees no key, gives 0 too). Register pair
+                 * (j, j + 1), j = 8 kk + 2 r, is key row kr_l + 8 (r % 2) and query columns
+                 * 16 kk + 8 (r / 2) + qc_l + {0, 1}. */
+                const bool need_mask =
+                    kw0 + 64 > p.seqlen_k || (p.causal && kw0 + 63 > m0 + p.causal_offset);
+                if (need_mask) {
+                    /* -inf: exp2 makes it 0, whatever lse2 is */
+                    const int key0 = kw0 + kr_l;
+#pragma unroll
+                    for (int j = 0; j < BM / 2; j++) {
+                        const int key = key0 + 8 * ((j >> 1) & 1);
+                        const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
+                        if (key >= p.seqlen_k || (p.causal && key > qi + p.causal_offset)) sc[j] = -INFINITY;
+                    }
+                }
+                uint32_t pf[BM / 16][4], dsf[BM / 16][4];
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                        const float2 l2 = *(const float2 *)(vec + q);
+                        const float p0 = sm90_exp2(fmaf(sc[j], p.scale_log2, -l2.x));
+                        const float p1 = sm90_exp2(fmaf(sc[j + 1], p.scale_log2, -l2.y));
+                        sc[j] = p0, sc[j + 1] = p1;
+                    }
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(dp);
+                /* dS^T = P^T (dP^T - delta), packed */
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                        const float2 dl = *(const float2 *)(vec + BM + q);
+                        const float p0 = sc[j], p1 = sc[j + 1];
+                        pf[kk][r] = sm90_pack2<BF16>(p0, p1);
+                        dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
+                    }
+                /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
+                 * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
+                {
+                    const uint32_t panel = sds + c * (BM * 128);
+#pragma unroll
+                    for (int j = 0; j < BM / 2; j++) {
+                        const int kr = kr_l + 8 * ((j >> 1) & 1);
+                        const int q = 8 * (j >> 2) + qc_l + (j & 1);
+                        const uint32_t w = dsf[j >> 3][(j >> 1) & 3];
+                        const uint16_t v = (uint16_t)((j & 1) ? (w >> 16) : (w & 0xffffu));
+                        sm90_st_shared_b16(panel + q * 128 + ((((kr >> 3) ^ (q & 7)) << 4) | ((kr & 7) * 2)), v);
+                    }
+                }
+                sm90_fence_proxy_async();
+                sm90_bar_sync(SM90B_BAR_DS, 256); /* both halves of dS are in */
+
+                float dqa[32];
+                sm90_wgmma_fence();
+                sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
+                sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                sm90_wgmma_commit();
+#pragma unroll
+                for (int k = 0; k < KQ; k++) {
+                    const int kk = D == 128 ? k : 4 * c + k; /* 16-key step within the block */
+                    const uint64_t da = sm90_desc_kmajor(sds + (kk >> 2) * (BM * 128) + (kk & 3) * 32);
+                    const uint64_t db = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk * 16 * 128, BN * 128);
+                    sm90_wgmma_ss<64, BF16, 1>(dqa, da, db, k > 0);
+                }
+                sm90_wgmma_commit();
+                sm90_fence_regs(dv);
+                sm90_fence_regs(dk);
+                sm90_fence_regs(pf);
+                sm90_fence_regs(dsf);
+                sm90_fence_regs(dqa);
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(dv);
+                sm90_fence_regs(dk);
+                sm90_fence_regs(dqa);
+                if (t == 0) sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+
+                /* dQ unit c into the accumulator, fragment order */
+                float *acc = p.dq_acc + (((int64_t)b * p.heads_q + qh) * p.sqr + m0) * D + unit * 4096 + t * 4;
+                int *sem = p.deterministic
+                               ? p.sem + ((((int64_t)b * p.heads_q + qh) * p.m_blocks + m0 / BM) * 2 + unit)
+                               : NULL;
+                if (p.deterministic) {
+                    /* the adders of a unit in a fixed order: key block ascending, and at d64
+                     * consumer 0 before consumer 1 */
+                    const int rank = D == 128 ? nb : 2 * nb + c;
+                    if (t == 0)
+                        while (sm90_ld_acquire_gpu(sem) < rank) {
+                        }
+                    sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
+                }
+#pragma unroll
+                for (int g = 0; g < 8; g++)
+                    sm90_red_add_v4(acc + g * 512, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]);
+                if (p.deterministic) {
+                    __threadfence();
+                    sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
+                    if (t == 0) {
+                        __threadfence();
+                        atomicAdd(sem, 1);
+                    }
+                }
+            }
+        }
+
+        /* ---------------- epilogue: dK (scaled) and dV, 16-bit, straight to global ---------------- */
+#pragma unroll
+        for (int j = 0; j < D / 2; j += 2) {
+            const int key = kw0 + kr_l + 8 * ((j >> 1) & 1);
+            const int col = 8 * (j >> 2) + qc_l;
+            if (key < p.seqlen_k) {
+                sm90b_store_pair<BF16>(p.dk, b * p.dk_sb + key * p.dk_ss + hk * p.dk_sh + col, dk[j] * p.scale,
+                                       dk[j + 1] * p.scale);
+                sm90b_store_pair<BF16>(p.dv, b * p.dv_sb + key * p.dv_ss + hk * p.dv_sh + col, dv[j], dv[j + 1]);
+            }
+        }
+    }
+#endif
+}
+
+/* ---- 3. dQ conversion ------------------------------------------------------------------------ */
+
+typedef struct sm90_bwd_post_params {
+    const float *dq_acc;
+    void *dq;
+    int64_t dq_sb, dq_ss, dq_sh;
+    int seqlen_q, sqr, heads_q, bm;
+    float scale;
+} sm90_bwd_post_params;
+
+/* One block per (query block, head, batch). Float 4i of the block's accumulator holds, for
+ * unit u = 4i / 4096, thread tt = (4i % 512) / 4 and group g = (4i % 4096) / 512, the
+ * registers 4g..4g+3 of the wgmma fragment: rows r, r + 8 and columns 8g + 2(lane % 4) + {0, 1}. */
+template <int D, int BF16>
+__global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_params p)
+{
+    const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = mb * p.bm;
+    const float4 *acc = (const float4 *)(p.dq_acc + (((int64_t)b * p.heads_q + h) * p.sqr + m0) * D);
+    for (int i = threadIdx.x; i < p.bm * D / 4; i += 256) {
+        const int pos = 4 * i, u = pos >> 12, g = (pos & 4095) >> 9, tt = (pos & 511) >> 2;
+        const int w = tt >> 5, l = tt & 31;
+        const int row = 16 * w + (l >> 2), col = 8 * g + 2 * (l & 3) + 64 * u;
+        const float4 v = acc[i];
+        const int r0 = m0 + row, r1 = m0 + row + 8;
+        if (r0 < p.seqlen_q)
+            sm90b_store_pair<BF16>(p.dq, b * p.dq_sb + r0 * p.dq_ss + h * p.dq_sh + col, v.x * p.scale,
+                                   v.y * p.scale);
+        if (r1 < p.seqlen_q)
+            sm90b_store_pair<BF16>(p.dq, b * p.dq_sb + r1 * p.dq_ss + h * p.dq_sh + col, v.z * p.scale,
+                                   v.w * p.scale);
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+size_t fc_sm90_backward_smem_bytes(int head_dim)
+{
+    if (head_dim == 64) return sm90_bwd_layout<64, SM90B_BM(64)>::TOTAL;
+    if (head_dim == 128) return sm90_bwd_layout<128, SM90B_BM(128)>::TOTAL;
+    return 0;
+}
+
+/* Padded lengths and the workspace carve-up, each part 256-byte aligned. */
+typedef struct sm90_bwd_ws {
+    int bm, m_blocks, sqr;
+    size_t lse2_off, delta_off, acc_off, sem_off, total;
+} sm90_bwd_ws;
+
+static size_t sm90b_align(size_t x)
+{
+    return (x + 255) & ~(size_t)255;
+}
+
+static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
+{
+    sm90_bwd_ws w;
+    memset(&w, 0, sizeof w);
+    w.bm = SM90B_BM(a->head_dim);
+    w.m_blocks = (a->seqlen_q + w.bm - 1) / w.bm;
+    w.sqr = w.m_blocks * w.bm;
+    const size_t rows = (size_t)a->batch * a->heads_q * w.sqr;
+    w.lse2_off = 0;
+    w.delta_off = sm90b_align(rows * 4);
+    w.acc_off = w.delta_off + sm90b_align(rows * 4);
+    w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
+    w.total = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
+    return w;
+}
+
+size_t fc_sm90_backward_workspace_size(const fc_sm90_bwd_args *a)
+{
+    return sm90b_workspace(a).total;
+}
+
+static int sm90b_stride_ok(int64_t stride, int64_t extent)
+{
+    if (extent <= 1) return 1; /* never stepped along */
+    return stride > 0 && stride % 8 == 0 && stride < (1ll << 39);
+}
+
+int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_minor, size_t smem_optin)
+{
+    if (sm_major != 9 || sm_minor != 0) return 0;
+    const size_t need = fc_sm90_backward_smem_bytes(a->head_dim);
+    if (need == 0 || need > smem_optin) return 0;
+    if (!(a->scale > 0.f) || !isfinite(a->scale)) return 0; /* masked scores are -inf */
+    if (a->causal < 0 || a->causal > 2) return 0;
+    if (a->batch < 1 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
+    if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
+    if (a->seqlen_q < 1 || a->seqlen_k < 1 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000) return 0;
+    const void *ptrs[8] = {a->q, a->k, a->v, a->o, a->dout, a->dq, a->dk, a->dv};
+    for (int i = 0; i < 8; i++)
+        if (!ptrs[i] || (uintptr_t)ptrs[i] % 16 != 0) return 0;
+    if (!a->lse) return 0;
+    const int64_t B = a->batch, SQ = a->seqlen_q, SK = a->seqlen_k, HQ = a->heads_q, HK = a->heads_kv;
+    const int64_t st[8][3] = {{a->q_sb, a->q_ss, a->q_sh},    {a->k_sb, a->k_ss, a->k_sh},
+                              {a->v_sb, a->v_ss, a->v_sh},    {a->o_sb, a->o_ss, a->o_sh},
+                              {a->do_sb, a->do_ss, a->do_sh}, {a->dq_sb, a->dq_ss, a->dq_sh},
+                              {a->dk_sb, a->dk_ss, a->dk_sh}, {a->dv_sb, a->dv_ss, a->dv_sh}};
+    const int64_t ext[8][3] = {{B, SQ, HQ}, {B, SK, HK}, {B, SK, HK}, {B, SQ, HQ},
+                               {B, SQ, HQ}, {B, SQ, HQ}, {B, SK, HK}, {B, SK, HK}};
+    for (int i = 0; i < 8; i++)
+        for (int d = 0; d < 3; d++)
+            if (!sm90b_stride_ok(st[i][d], ext[i][d])) return 0;
+    return 1;
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 sm90b_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL; /* same value from any thread */
+    if (!fn) {
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+    }
+    return fn;
+}
+
+/* A 4-D map {head_dim, seqlen, heads, batch} with boxes of 64 columns x box_rows rows and the
+ * 128-byte swizzle; rows outside the tensor read as zeros. A dimension of one element gets
+ * the dense stride (TMA wants positive multiples of 16 bytes). */
+static int sm90b_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, int64_t seqlen, int64_t heads,
+                        int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = sm90b_encoder();
+    if (!enc) return 0;
+    if (seqlen <= 1) ss = d;
+    if (heads <= 1) sh = d * seqlen;
+    if (batch <= 1) sb = d * seqlen * heads;
+    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
+    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    cuuint32_t estr[4] = {1, 1, 1, 1};
+    CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)ptr,
+                     dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+template <int D, int BF16>
+static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w, cudaStream_t stream)
+{
+    constexpr int BM = SM90B_BM(D);
+    uint8_t *ws = (uint8_t *)a->workspace;
+    float *lse2 = (float *)(ws + w->lse2_off), *delta = (float *)(ws + w->delta_off);
+    float *acc = (float *)(ws + w->acc_off);
+    int *sem = a->deterministic ? (int *)(ws + w->sem_off) : NULL;
+
+    CUtensorMap tq, tk, tv, tdo;
+    if (!sm90b_encode(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb, BM) ||
+        !sm90b_encode(&tk, a->k, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb,
+                      SM90B_BN) ||
+        !sm90b_encode(&tv, a->v, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb,
+                      SM90B_BN) ||
+        !sm90b_encode(&tdo, a->dout, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->do_ss, a->do_sh, a->do_sb, BM))
+        return cudaErrorInvalidValue;
+
+    sm90_bwd_pre_params pre;
+    memset(&pre, 0, sizeof pre);
+    pre.o = a->o, pre.dout = a->dout, pre.lse = a->lse;
+    pre.o_sb = a->o_sb, pre.o_ss = a->o_ss, pre.o_sh = a->o_sh;
+    pre.do_sb = a->do_sb, pre.do_ss = a->do_ss, pre.do_sh = a->do_sh;
+    pre.lse_sb = a->lse_sb, pre.lse_sh = a->lse_sh, pre.lse_ss = a->lse_ss;
+    pre.lse2 = lse2, pre.delta = delta, pre.dq_acc = acc, pre.sem = sem;
+    pre.seqlen_q = a->seqlen_q, pre.sqr = w->sqr, pre.heads_q = a->heads_q, pre.bm = BM, pre.m_blocks = w->m_blocks;
+    fc_sm90_bwd_pre<D, BF16><<<dim3((w->sqr + 7) / 8, a->heads_q, a->batch), 256, 0, stream>>>(pre);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+
+    sm90_bwd_params p;
+    memset(&p, 0, sizeof p);
+    p.lse2 = lse2, p.delta = delta, p.dq_acc = acc, p.sem = sem;
+    p.dk = a->dk, p.dv = a->dv;
+    p.dk_sb = a->dk_sb, p.dk_ss = a->dk_ss, p.dk_sh = a->dk_sh;
+    p.dv_sb = a->dv_sb, p.dv_ss = a->dv_ss, p.dv_sh = a->dv_sh;
+    p.seqlen_q = a->seqlen_q, p.seqlen_k = a->seqlen_k, p.sqr = w->sqr, p.heads_q = a->heads_q;
+    p.group = a->heads_q / a->heads_kv, p.m_blocks = w->m_blocks;
+    p.causal = a->causal != 0;
+    p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
+    p.deterministic = a->deterministic != 0;
+    p.scale = a->scale;
+    p.scale_log2 = a->scale * 1.4426950408889634f;
+    const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
+    err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+    /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
+     * deterministic-mode semaphore waits for was started before the waiting one. */
+    dim3 grid((a->seqlen_k + SM90B_BN - 1) / SM90B_BN, a->heads_kv, a->batch);
+    fc_sm90_bwd_kernel<D, BF16><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+
+    sm90_bwd_post_params post;
+    memset(&post, 0, sizeof post);
+    post.dq_acc = acc, post.dq = a->dq;
+    post.dq_sb = a->dq_sb, post.dq_ss = a->dq_ss, post.dq_sh = a->dq_sh;
+    post.seqlen_q = a->seqlen_q, post.sqr = w->sqr, post.heads_q = a->heads_q, post.bm = BM, post.scale = a->scale;
+    fc_sm90_bwd_post<D, BF16><<<dim3(w->m_blocks, a->heads_q, a->batch), 256, 0, stream>>>(post);
+    return cudaGetLastError();
+}
+
+cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
+{
+    const sm90_bwd_ws w = sm90b_workspace(a);
+    if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
+        return cudaErrorInvalidValue;
+    if (a->head_dim == 64) return a->bf16 ? sm90b_launch<64, 1>(a, &w, stream) : sm90b_launch<64, 0>(a, &w, stream);
+    if (a->head_dim == 128)
+        return a->bf16 ? sm90b_launch<128, 1>(a, &w, stream) : sm90b_launch<128, 0>(a, &w, stream);
+    return cudaErrorInvalidValue;
+}
