@@ -5,7 +5,9 @@
  * dP = dO V^T) and K rows (for dQ += dS K). Then, for a query block i and key block j:
  *     P = exp(scale S - LSE), dS = P (dP - delta),  delta = rowsum(dO * O)
  *     dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
- * and dK, dQ are multiplied by scale at the end.
+ * and dK, dQ are multiplied by scale at the end. Masked entries have P = dS = 0 whatever
+ * dP holds, and a key block whose K holds a NaN or inf takes dS K through the product that
+ * skips zero entries (cpu_nonfinite.c), so keys a row cannot see never reach its gradients.
  *
  * Two schedules, chosen from the shape and thread count, giving bitwise the same result:
  *   one pass: one task per (batch, kv head) walks its query heads h, query blocks i and
@@ -37,6 +39,7 @@ typedef struct backward_job {
     /* packed; per sequence b: [heads_kv][key blocks of b][dp * BLOCK_N] elements: K^T, V^T
      * panels and K rows as float32, or (use16) K^T, V^T in panel16 and K in vpair16 */
     void *kt, *vt, *kr;
+    uint64_t *kbad; /* per packed block: its K rows that hold a NaN or inf */
     cpu_scratch scratch;
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
 } backward_job;
@@ -58,6 +61,8 @@ static void pack_task(void *ctx, int64_t task, int thread)
     const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N, s0 = sq.k0 + j0;
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
+    job->kbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] =
+        flashc_cpu_nonfinite_rows(job->k, sq.batch, s0, n, hk);
     if (job->use16) {
         flashc_cpu_pack_panel16(packed(job, job->kt, b, hk, kblock), job->dp, job->k, sq.batch,
                                 s0, n, hk);
@@ -189,6 +194,13 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         flashc_cpu_mul_block(dpb, w->dcap, m, n);
     if (dropout) /* dV takes the dropped P */
         flashc_cpu_mul_block(s, w->drop, m, n);
+    /* a NaN or inf in K: dS K without the 0 * NaN of the keys a row does not see (dS is 0
+     * there); dK and dV take Q and dO, which hidden keys do not touch */
+    const int kbad =
+        dq && job->kbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, hd->b, hd->hk, kblock)];
+    if (kbad)
+        flashc_cpu_acc_block_sparse(m, n, dp, dpb, job->k, hd->sq.batch, hd->sq.k0 + j0, hd->hk,
+                                    dq);
     if (job->use16) { /* P and dS rounded to bf16 here, after every float32 feature */
         if (dv) {
             kern->pair_p16(w->pp16, s, m, n);
@@ -196,7 +208,7 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
             kern->pair_p16(w->dsp16, dpb, m, n);
             kern->gemm_panel16_acc(dp, m, w->qt16, FLASHC_CPU_BLOCK_M, w->dsp16, dk);
         }
-        if (dq) {
+        if (dq && !kbad) {
             kern->round_p16(w->ds16, dpb, m, n);
             kern->gemm_acc16(m, n, dp, w->ds16, packed(job, job->kr, hd->b, hd->hk, kblock),
                              dq);
@@ -207,7 +219,7 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         kern->gemm_tn_acc(n, m, dp, s, w->dout, dv);
         kern->gemm_tn_acc(n, m, dp, dpb, w->q, dk);
     }
-    if (dq)
+    if (dq && !kbad)
         kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, hd->b, hd->hk, kblock), dq);
 }
 
@@ -542,10 +554,11 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                        FLASHC_CPU_BLOCK_N
                  : FLASHC_CPU_BLOCK_N;
     const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
+    const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
     cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
         st,
-        3 * pack_bytes + delta_bytes + table_bytes +
+        3 * pack_bytes + delta_bytes + table_bytes + bad_bytes +
             (size_t)threads * scratch_floats * sizeof(float),
         &ws);
     if (status != FLASHC_OK)
@@ -560,7 +573,9 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     int64_t *tables = (int64_t *)(ws.base + 3 * pack_bytes + delta_bytes);
     flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
     flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);
-    job.scratch.base = (float *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes);
+    job.kbad = (uint64_t *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes);
+    job.scratch.base =
+        (float *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes + bad_bytes);
     job.scratch.floats_per_thread = scratch_floats;
 
     const int64_t qtasks = job.qb.total * pr->heads_q, ktasks = job.kb.total * pr->heads_kv;

@@ -325,6 +325,17 @@ static void decode_task(void *ctx, int64_t task, int thread)
             kern->round_p16(p16, s, (int)m, n);
         for (int64_t t = 0; t < tr.nheads; t++) {
             float *at = acc + (size_t)t * tr.stride * dp;
+            const void *vr[KEYS];
+            int vbad = 0;
+            for (int c = 0; c < n; c++) {
+                vr[c] = flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t);
+                vbad |= flashc_cpu_row_nonfinite(vr[c], bp->dtype, dim);
+            }
+            if (vbad) { /* a NaN or inf in V: skip the keys a row does not see */
+                flashc_cpu_acc_rows_sparse(tr.seg, n, dp, s + (size_t)t * tr.stride * KEYS, vr,
+                                           bp->dtype, dim, at);
+                continue;
+            }
             if (use16) {
                 pack_vpair16(pr, job->vc, b, j0, n, tr.hk0 + t, dim, dp, (uint16_t *)vrows);
                 kern->gemm_acc16(tr.seg, n, dp, p16 + (size_t)t * tr.stride * KEYS,
@@ -348,9 +359,13 @@ static void decode_task(void *ctx, int64_t task, int thread)
         if (row_sum[r] > 0.0f) {
             inv = 1.0f / row_sum[r];
             lse_r = row_max[r] + logf(row_sum[r]);
-        } else { /* no visible key in this split (or at all) */
+        } else if (row_sum[r] == 0.0f) { /* no visible key in this split (or at all) */
             memset(arow, 0, (size_t)dp * sizeof(float));
             lse_r = -INFINITY;
+        } else { /* a NaN score: NaN, never "masked" (the merge keeps a NaN LSE NaN) */
+            for (int64_t d = 0; d < dim; d++)
+                arow[d] = NAN;
+            lse_r = NAN;
         }
         if (job->splits == 1) {
             *flashc_lse_ptr(job->lse, b, h, i) = lse_r;

@@ -4,7 +4,8 @@
  * Pass 1 packs K and V once per (batch, kv head) and key block into the micro-kernels'
  * layouts (K^T panels, V rows; for bf16 on a set with a bf16 dot product, the pair-interleaved
  * bf16 layouts), so every query block of every query head of the group reuses them instead of
- * converting or transposing again.
+ * converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
+ * P V skips the masked entries (cpu_nonfinite.c), so a hidden key never leaks into a row.
  *
  * Pass 2: one task is a block of BLOCK_M queries of one (batch, head). It walks the visible
  * keys BLOCK_N at a time: S = (scale Q) K^T; the online softmax keeps a running row max m and
@@ -30,6 +31,7 @@ typedef struct forward_job {
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
     size_t block_elems; /* elements of one packed key block: dp * BLOCK_N */
     void *kpack, *vpack; /* per sequence b: [heads_kv][key blocks of b][block_elems] */
+    uint64_t *vbad;      /* per packed block: its V rows that hold a NaN or inf */
     cpu_scratch scratch;
 } forward_job;
 
@@ -60,6 +62,8 @@ static void pack_task(void *ctx, int64_t task, int thread)
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
     void *kp = packed_block(job, job->kpack, b, hk, kblock);
     void *vp = packed_block(job, job->vpack, b, hk, kblock);
+    job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] =
+        flashc_cpu_nonfinite_rows(job->v, sq.batch, sq.k0 + j0, n, hk);
     if (job->use16) {
         flashc_cpu_pack_panel16(kp, job->dp, job->k, sq.batch, sq.k0 + j0, n, hk);
         flashc_cpu_pack_vpair16(vp, job->dp, job->v, sq.batch, sq.k0 + j0, n, hk);
@@ -157,7 +161,10 @@ static void forward_task(void *ctx, int64_t task, int thread)
             flashc_cpu_dropout_block(pr, b, h, i0, m, j0, n, drop);
             flashc_cpu_mul_block(s, drop, m, n);
         }
-        if (job->use16) {
+        if (job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)]) {
+            /* a NaN or inf in V: P V without the 0 * NaN of the keys a row does not see */
+            flashc_cpu_acc_block_sparse(m, n, dp, s, job->v, sq.batch, sq.k0 + j0, hk, acc);
+        } else if (job->use16) {
             kern->round_p16(p16, s, m, n);
             kern->gemm_acc16(m, n, dp, p16, vp, acc);
         } else {
@@ -216,16 +223,21 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
                                                     job.block_elems * elem_size(&job));
     const int threads = flashc_threadpool_size(st->pool);
     const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp));
+    const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
     flashc_status status = flashc_cpu_workspace_get(
-        st, 2 * pack_bytes + table_bytes + (size_t)threads * scratch_floats * sizeof(float), &ws);
+        st,
+        2 * pack_bytes + bad_bytes + table_bytes +
+            (size_t)threads * scratch_floats * sizeof(float),
+        &ws);
     if (status != FLASHC_OK)
         return status;
     job.kpack = ws.base;
     job.vpack = ws.base + pack_bytes;
-    int64_t *tables = (int64_t *)(ws.base + 2 * pack_bytes);
+    job.vbad = (uint64_t *)(ws.base + 2 * pack_bytes);
+    int64_t *tables = (int64_t *)(ws.base + 2 * pack_bytes + bad_bytes);
     flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
     flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);
-    job.scratch.base = (float *)(ws.base + 2 * pack_bytes + table_bytes);
+    job.scratch.base = (float *)(ws.base + 2 * pack_bytes + bad_bytes + table_bytes);
     job.scratch.floats_per_thread = scratch_floats;
     flashc_threadpool_run(st->pool, job.kb.total * pr->heads_kv, pack_task, &job);
     flashc_threadpool_run(st->pool, job.qb.total * pr->heads_q, forward_task, &job);

@@ -267,6 +267,23 @@ void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int6
 void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b, int64_t s0,
                            int n, int64_t h, float scale);
 
+/* ---- non-finite K/V rows (cpu_nonfinite.c) ---- */
+
+/* 1 if any of the n elements of a row is NaN or inf. */
+int flashc_cpu_row_nonfinite(const void *row, flashc_dtype dtype, int64_t n);
+/* Bit r set when row s0 + r (r < n <= 64) of head h of batch b holds a NaN or inf. */
+uint64_t flashc_cpu_nonfinite_rows(const flashc_tensor *t, int64_t b, int64_t s0, int n,
+                                   int64_t h);
+/* C[m][dp] += A[m][0:n] * B[n][0:d], A a score block (row stride 64) and row k of B at
+ * rows[k] in dtype, skipping the zero entries of A: the product of a block with NaN or inf
+ * rows, where the kernels' 0 * NaN would leak a hidden key into a row. */
+void flashc_cpu_acc_rows_sparse(int m, int n, int dp, const float *a,
+                                const void *const *rows, flashc_dtype dtype, int64_t d,
+                                float *c);
+/* The same with B = rows [s0, s0 + n) of head h of batch b of t. */
+void flashc_cpu_acc_block_sparse(int m, int n, int dp, const float *a, const flashc_tensor *t,
+                                 int64_t b, int64_t s0, int64_t h, float *c);
+
 flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
                                  const flashc_tensor *k, const flashc_tensor *v,
                                  flashc_tensor *out, flashc_tensor *lse);

@@ -53,12 +53,13 @@ typedef struct flashc_cpu_kernels {
      * by scale first, unless it is 1), of which
      * the first ncols[r] are visible. Updates the running max and sum of each row, rescales
      * row r of o (stride dp) when its max grew, and turns s into P (0 past ncols[r], up to n).
-     * A row with no visible key so far gets P = 0 and keeps max -inf, sum 0. */
+     * A row with no visible key so far gets P = 0 and keeps max -inf, sum 0. A NaN among a
+     * row's visible scores makes its sum NaN (the forward then writes O and LSE NaN). */
     void (*softmax)(float *s, int m, int n, const int *ncols, float scale, float *row_max,
                     float *row_sum, float *o, int dp);
     /* Backward: s = Q K^T (unscaled), dp = dO V^T. Turns s into P = exp(scale s - lse[r]) and
-     * dp into dS = P (dP - delta[r]); both 0 past ncols[r] and on rows whose lse is not
-     * finite (no visible key). */
+     * dp into dS = P (dP - delta[r]); both 0 past ncols[r] and on rows whose lse is -inf
+     * (no visible key), and dS is 0 wherever P is, whatever dP holds. A NaN lse gives NaN. */
     void (*p_ds)(float *s, float *dp, int m, int n, const int *ncols, float scale,
                  const float *lse, const float *delta);
     /* x[i] = exp(x[i] - sub) for i < n (exp(-inf) = 0); returns the sum of the results.

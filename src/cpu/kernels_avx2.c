@@ -57,10 +57,13 @@ static inline __m256 avx2_select_lt(int c0, int nc, __m256 v, __m256 w)
     return _mm256_blendv_ps(w, v, keep);
 }
 #define VSELECT_LT(c0, nc, v, w) avx2_select_lt((c0), (nc), (v), (w))
+#define VKEEP_NZ(p, v) _mm256_and_ps(_mm256_cmp_ps((p), _mm256_setzero_ps(), _CMP_NEQ_UQ), (v))
 
 static inline vf avx2_vexp(vf x)
 {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.0f));
+    /* the clamp second: maxps returns its second operand when either is NaN, so a NaN
+     * argument stays NaN (a NaN score must not turn into P = 0) */
+    x = _mm256_max_ps(_mm256_set1_ps(-88.0f), x);
     vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -44,10 +44,13 @@ static inline __mmask16 avx512_lanes_below(int c0, int nc)
     return k >= 16 ? (__mmask16)0xffff : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1);
 }
 #define VSELECT_LT(c0, nc, v, w) _mm512_mask_blend_ps(avx512_lanes_below((c0), (nc)), (w), (v))
+#define VKEEP_NZ(p, v) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask((p), _mm512_setzero_ps(), _CMP_NEQ_UQ), (v))
 
 static inline vf avx512_vexp(vf x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+    /* the clamp second: maxps returns its second operand when either is NaN, so a NaN
+     * argument stays NaN (a NaN score must not turn into P = 0) */
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
     vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

@@ -81,6 +81,10 @@ static void generic_softmax(float *s, int m, int n, const int *ncols, float scal
             block_max = srow[c] > block_max ? srow[c] : block_max;
         float new_max = block_max > row_max[r] ? block_max : row_max[r];
         if (new_max == -INFINITY) { /* nothing visible yet in this row */
+            /* or only NaN, which the comparison above skips: the row is NaN, not masked */
+            for (int c = 0; c < nc; c++)
+                if (srow[c] != srow[c])
+                    row_sum[r] = NAN;
             memset(srow, 0, (size_t)n * sizeof(float));
             continue;
         }
@@ -102,11 +106,13 @@ static void generic_p_ds(float *s, float *dp, int m, int n, const int *ncols, fl
 {
     for (int r = 0; r < m; r++) {
         float *srow = s + r * FLASHC_CPU_BLOCK_N, *dprow = dp + r * FLASHC_CPU_BLOCK_N;
-        int nc = isfinite(lse[r]) ? ncols[r] : 0;
+        /* -inf: no visible key; a NaN LSE makes P NaN, as in the reference */
+        int nc = lse[r] == -INFINITY ? 0 : ncols[r];
         for (int c = 0; c < nc; c++) {
             float p = expf(srow[c] * scale - lse[r]);
             srow[c] = p;
-            dprow[c] = p * (dprow[c] - delta[r]);
+            /* P = 0 (the window's left edge): dS = 0 even where dP is NaN */
+            dprow[c] = p != 0.0f ? p * (dprow[c] - delta[r]) : 0.0f;
         }
         for (int c = nc; c < n; c++)
             srow[c] = dprow[c] = 0.0f;

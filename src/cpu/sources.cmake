@@ -9,6 +9,7 @@ target_sources(flashc_objects PRIVATE
   src/cpu/cpu_decode.c
   src/cpu/cpu_pack.c
   src/cpu/cpu_scores.c
+  src/cpu/cpu_nonfinite.c
   src/cpu/threadpool.c
   src/cpu/kernels_generic.c
   src/cpu/cpu_features.c
