@@ -1,0 +1,557 @@
+/*
+ * check_bwd_sm90.cu - standalone check and timing of the Hopper backward (src/cuda/hopper).
+ *
+ * Builds from the kernel's own files only (build_bwd.sh): no libflashc, no CMake. It
+ *   1. runs the backward on random inputs of odd sizes (seqlen 1, 17, 1000, one 4097 case;
+ *      seqlen_q != seqlen_k both ways; head dims 64 and 128; no mask, causal bottom-right and
+ *      top-left; GQA 8:1 and 2:1; a [batch, heads, seqlen, head_dim] strided view; the
+ *      deterministic mode), with dQ, dK and dV poisoned with NaN first, against a float64 CPU
+ *      reference (the forward's O and LSE come from a float64 forward; the kernel gets O
+ *      rounded to 16 bits): relative error ||x - ref|| / ||ref|| at most 1e-3 for fp16 and
+ *      1e-2 for bf16 for each of dQ, dK, dV, no NaN, and exact zeros for the query rows that
+ *      see no key and the keys that no query sees;
+ *   2. checks that the deterministic mode gives bitwise identical results twice;
+ *   3. times the backward (all three kernels) with CUDA events at the benchmark shapes (16k
+ *      tokens, hidden 2048, d64 and d128, seqlen 2k..16k, causal and not, bf16 and fp16, both
+ *      modes); TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal.
+ *
+ * Usage: check_bwd_sm90 [--check-only | --bench-only | --small]. --small runs only the cases
+ * with at most 20000 scores per head, no timing (for compute-sanitizer). Exit status 0 when
+ * every check passed; a kernel that does not finish within 30 s is reported as HANG and the
+ * program exits 3.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../../src/cuda/hopper/bwd_sm90.h"
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+static uint16_t to16(float x, int bf16)
+{
+    uint16_t u;
+    if (bf16) {
+        __nv_bfloat16 h = __float2bfloat16_rn(x);
+        memcpy(&u, &h, 2);
+    } else {
+        __half h = __float2half_rn(x);
+        memcpy(&u, &h, 2);
+    }
+    return u;
+}
+
+static float from16(uint16_t u, int bf16)
+{
+    if (bf16) {
+        uint32_t w = (uint32_t)u << 16;
+        float f;
+        memcpy(&f, &w, 4);
+        return f;
+    }
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+
+/* Waits for the device with a time limit, so that a deadlocked pipeline (or a semaphore that
+ * never arrives) is reported instead of hanging the run. */
+static void sync_or_die(const char *what)
+{
+    const time_t t0 = time(NULL);
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(0);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(e));
+            exit(2);
+        }
+        if (time(NULL) - t0 > 30) {
+            printf("HANG %s: kernel did not finish in 30 s\n", what);
+            fflush(stdout);
+            exit(3);
+        }
+    }
+}
+
+/* ---- a parallel for over [0, n) on all cores ----------------------------------------------- */
+
+typedef void (*range_fn)(void *ctx, long lo, long hi);
+typedef struct par_job {
+    range_fn fn;
+    void *ctx;
+    long n, next;
+    pthread_mutex_t mu;
+} par_job;
+
+static void *par_worker(void *arg)
+{
+    par_job *j = (par_job *)arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const long lo = j->next;
+        const long chunk = j->n / 256 + 1;
+        j->next += chunk;
+        pthread_mutex_unlock(&j->mu);
+        if (lo >= j->n) break;
+        j->fn(j->ctx, lo, lo + chunk < j->n ? lo + chunk : j->n);
+    }
+    return NULL;
+}
+
+static void par_for(long n, range_fn fn, void *ctx)
+{
+    static int nthreads = 0;
+    if (!nthreads) {
+        nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (nthreads < 1) nthreads = 1;
+        if (nthreads > 64) nthreads = 64;
+    }
+    par_job j;
+    j.fn = fn, j.ctx = ctx, j.n = n, j.next = 0;
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th[64];
+    for (int i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, par_worker, &j);
+    for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.mu);
+}
+
+/* ---- float64 reference ---------------------------------------------------------------------- */
+
+typedef struct bcase {
+    int batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, det;
+} bcase;
+
+static const char *causal_name(int c)
+{
+    return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
+}
+
+/* The last key query i sees, plus one (flashc_key_end). */
+static int key_end(int causal, int sq, int sk, int i)
+{
+    if (causal == 0) return sk;
+    const int off = causal == 1 ? sk - sq : 0;
+    const int e = i + off + 1;
+    return e < 0 ? 0 : (e > sk ? sk : e);
+}
+
+/* One (batch, query head) of the reference: q, dO [sq][d], k, v [sk][d] as doubles. */
+typedef struct ref_head {
+    int sq, sk, d, causal;
+    double scale;
+    const double *q, *k, *v, *dout;
+    double *o, *lse, *dq; /* [sq][d], [sq], [sq][d] */
+    double *p, *ds;       /* [sq][sk] */
+    double *dk, *dv;      /* [sk][d], accumulated over the group */
+} ref_head;
+
+static void ref_rows(void *ctx, long lo, long hi)
+{
+    ref_head *r = (ref_head *)ctx;
+    const int sk = r->sk, d = r->d;
+    double *dpv = (double *)malloc((size_t)sk * 8);
+    for (long i = lo; i < hi; i++) {
+        const int e = key_end(r->causal, r->sq, sk, (int)i);
+        const double *qi = r->q + i * d, *doi = r->dout + i * d;
+        double *pi = r->p + i * sk, *dsi = r->ds + i * sk, *oi = r->o + i * d, *dqi = r->dq + i * d;
+        for (int j = 0; j < sk; j++) pi[j] = 0, dsi[j] = 0;
+        for (int x = 0; x < d; x++) oi[x] = 0, dqi[x] = 0;
+        if (e == 0) {
+            r->lse[i] = -INFINITY;
+            continue;
+        }
+        double mx = -INFINITY;
+        for (int j = 0; j < e; j++) {
+            const double *kj = r->k + (size_t)j * d;
+            double s = 0;
+            for (int x = 0; x < d; x++) s += qi[x] * kj[x];
+            pi[j] = s * r->scale;
+            if (pi[j] > mx) mx = pi[j];
+        }
+        double sum = 0;
+        for (int j = 0; j < e; j++) sum += exp(pi[j] - mx);
+        const double lse = mx + log(sum);
+        r->lse[i] = lse;
+        double delta = 0;
+        for (int j = 0; j < e; j++) {
+            pi[j] = exp(pi[j] - lse);
+            const double *vj = r->v + (size_t)j * d;
+            double dp = 0;
+            for (int x = 0; x < d; x++) {
+                oi[x] += pi[j] * vj[x];
+                dp += doi[x] * vj[x];
+            }
+            dpv[j] = dp;
+            delta += pi[j] * dp;
+        }
+        for (int j = 0; j < e; j++) {
+            dsi[j] = pi[j] * (dpv[j] - delta);
+            const double *kj = r->k + (size_t)j * d;
+            for (int x = 0; x < d; x++) dqi[x] += r->scale * dsi[j] * kj[x];
+        }
+    }
+    free(dpv);
+}
+
+static void ref_keys(void *ctx, long lo, long hi)
+{
+    ref_head *r = (ref_head *)ctx;
+    const int sq = r->sq, sk = r->sk, d = r->d;
+    for (long j = lo; j < hi; j++) {
+        double *dkj = r->dk + j * d, *dvj = r->dv + j * d;
+        for (int i = 0; i < sq; i++) {
+            const double p = r->p[(size_t)i * sk + j], ds = r->ds[(size_t)i * sk + j];
+            if (p == 0 && ds == 0) continue;
+            const double *qi = r->q + (size_t)i * d, *doi = r->dout + (size_t)i * d;
+            for (int x = 0; x < d; x++) {
+                dkj[x] += r->scale * ds * qi[x];
+                dvj[x] += p * doi[x];
+            }
+        }
+    }
+}
+
+/* ---- 1. one case ------------------------------------------------------------------------------ */
+
+typedef struct dev_case {
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv, *ws;
+    float *lse;
+    fc_sm90_bwd_args a;
+} dev_case;
+
+static int run_case(const bcase *c, const cudaDeviceProp *prop)
+{
+    const int B = c->batch, SQ = c->sq, SK = c->sk, HQ = c->hq, HK = c->hkv, D = c->d, bf = c->bf16;
+    const int group = HQ / HK;
+    const size_t nq = (size_t)B * SQ * HQ * D, nk = (size_t)B * SK * HK * D;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh;
+    if (c->bhsd) {
+        q_sb = (int64_t)HQ * SQ * D, q_sh = (int64_t)SQ * D, q_ss = D;
+        k_sb = (int64_t)HK * SK * D, k_sh = (int64_t)SK * D, k_ss = D;
+    } else {
+        q_sb = (int64_t)SQ * HQ * D, q_ss = (int64_t)HQ * D, q_sh = D;
+        k_sb = (int64_t)SK * HK * D, k_ss = (int64_t)HK * D, k_sh = D;
+    }
+    uint16_t *hq = (uint16_t *)malloc(nq * 2), *hk = (uint16_t *)malloc(nk * 2), *hv = (uint16_t *)malloc(nk * 2);
+    uint16_t *hdo = (uint16_t *)malloc(nq * 2), *ho = (uint16_t *)malloc(nq * 2);
+    uint16_t *gdq = (uint16_t *)malloc(nq * 2), *gdk = (uint16_t *)malloc(nk * 2), *gdv = (uint16_t *)malloc(nk * 2);
+    float *hl = (float *)malloc((size_t)B * HQ * SQ * 4);
+    for (size_t i = 0; i < nq; i++) hq[i] = to16(frand(), bf);
+    for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), bf);
+    for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), bf);
+    for (size_t i = 0; i < nq; i++) hdo[i] = to16(frand(), bf);
+
+    /* reference, head by head; dQ in the q layout, dK / dV in the k layout */
+    const double scale = 1.0 / sqrt((double)D);
+    double *rdq = (double *)calloc(nq, 8), *rdk = (double *)calloc(nk, 8), *rdv = (double *)calloc(nk, 8);
+    unsigned char *dq_zero = (unsigned char *)calloc((size_t)B * HQ * SQ, 1); /* rows seeing no key */
+    unsigned char *dk_zero = (unsigned char *)calloc((size_t)B * HK * SK, 1); /* keys no query sees */
+    {
+        double *q = (double *)malloc((size_t)SQ * D * 8), *dout = (double *)malloc((size_t)SQ * D * 8);
+        double *k = (double *)malloc((size_t)SK * D * 8), *v = (double *)malloc((size_t)SK * D * 8);
+        double *o = (double *)malloc((size_t)SQ * D * 8), *lse = (double *)malloc((size_t)SQ * 8);
+        double *dq = (double *)malloc((size_t)SQ * D * 8);
+        double *p = (double *)malloc((size_t)SQ * SK * 8), *ds = (double *)malloc((size_t)SQ * SK * 8);
+        double *dk = (double *)malloc((size_t)SK * D * 8), *dv = (double *)malloc((size_t)SK * D * 8);
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < HK; g++) {
+                for (int j = 0; j < SK; j++)
+                    for (int x = 0; x < D; x++) {
+                        const size_t at = b * k_sb + j * k_ss + g * k_sh + x;
+                        k[(size_t)j * D + x] = from16(hk[at], bf);
+                        v[(size_t)j * D + x] = from16(hv[at], bf);
+                    }
+                memset(dk, 0, (size_t)SK * D * 8);
+                memset(dv, 0, (size_t)SK * D * 8);
+                for (int h = g * group; h < (g + 1) * group; h++) {
+                    for (int i = 0; i < SQ; i++)
+                        for (int x = 0; x < D; x++) {
+                            const size_t at = b * q_sb + i * q_ss + h * q_sh + x;
+                            q[(size_t)i * D + x] = from16(hq[at], bf);
+                            dout[(size_t)i * D + x] = from16(hdo[at], bf);
+                        }
+                    ref_head r = {SQ, SK, D, c->causal, scale, q, k, v, dout, o, lse, dq, p, ds, dk, dv};
+                    par_for(SQ, ref_rows, &r);
+                    par_for(SK, ref_keys, &r);
+                    for (int i = 0; i < SQ; i++) {
+                        hl[((size_t)b * HQ + h) * SQ + i] = (float)lse[i];
+                        if (key_end(c->causal, SQ, SK, i) == 0) dq_zero[((size_t)b * HQ + h) * SQ + i] = 1;
+                        for (int x = 0; x < D; x++) {
+                            const size_t at = b * q_sb + i * q_ss + h * q_sh + x;
+                            ho[at] = to16((float)o[(size_t)i * D + x], bf);
+                            rdq[at] = dq[(size_t)i * D + x];
+                        }
+                    }
+                }
+                for (int j = 0; j < SK; j++) {
+                    int seen = 0;
+                    for (int i = 0; i < SQ && !seen; i++) seen = key_end(c->causal, SQ, SK, i) > j;
+                    if (!seen) dk_zero[((size_t)b * HK + g) * SK + j] = 1;
+                    for (int x = 0; x < D; x++) {
+                        const size_t at = b * k_sb + j * k_ss + g * k_sh + x;
+                        rdk[at] = dk[(size_t)j * D + x];
+                        rdv[at] = dv[(size_t)j * D + x];
+                    }
+                }
+            }
+        free(q), free(dout), free(k), free(v), free(o), free(lse), free(dq), free(p), free(ds), free(dk), free(dv);
+    }
+
+    char name[220];
+    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s", B, SQ, SK, HQ, HK, D,
+             causal_name(c->causal), bf ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd",
+             c->det ? " deterministic" : "");
+
+    dev_case g;
+    memset(&g, 0, sizeof g);
+    CK(cudaMalloc(&g.q, nq * 2 + 16));
+    CK(cudaMalloc(&g.o, nq * 2 + 16));
+    CK(cudaMalloc(&g.dout, nq * 2 + 16));
+    CK(cudaMalloc(&g.dq, nq * 2 + 16));
+    CK(cudaMalloc(&g.k, nk * 2 + 16));
+    CK(cudaMalloc(&g.v, nk * 2 + 16));
+    CK(cudaMalloc(&g.dk, nk * 2 + 16));
+    CK(cudaMalloc(&g.dv, nk * 2 + 16));
+    CK(cudaMalloc(&g.lse, (size_t)B * HQ * SQ * 4 + 16));
+    CK(cudaMemcpy(g.q, hq, nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g.o, ho, nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g.dout, hdo, nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g.k, hk, nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g.v, hv, nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g.lse, hl, (size_t)B * HQ * SQ * 4, cudaMemcpyHostToDevice));
+    fc_sm90_bwd_args *a = &g.a;
+    a->q = g.q, a->k = g.k, a->v = g.v, a->o = g.o, a->dout = g.dout, a->lse = g.lse;
+    a->dq = g.dq, a->dk = g.dk, a->dv = g.dv;
+    a->q_sb = a->o_sb = a->do_sb = a->dq_sb = q_sb;
+    a->q_ss = a->o_ss = a->do_ss = a->dq_ss = q_ss;
+    a->q_sh = a->o_sh = a->do_sh = a->dq_sh = q_sh;
+    a->k_sb = a->v_sb = a->dk_sb = a->dv_sb = k_sb;
+    a->k_ss = a->v_ss = a->dk_ss = a->dv_ss = k_ss;
+    a->k_sh = a->v_sh = a->dk_sh = a->dv_sh = k_sh;
+    a->lse_sb = (int64_t)HQ * SQ, a->lse_sh = SQ, a->lse_ss = 1;
+    a->batch = B, a->seqlen_q = SQ, a->seqlen_k = SK, a->heads_q = HQ, a->heads_kv = HK, a->head_dim = D;
+    a->bf16 = bf, a->scale = (float)scale, a->causal = c->causal, a->deterministic = c->det;
+    a->workspace_bytes = fc_sm90_backward_workspace_size(a);
+    CK(cudaMalloc(&g.ws, a->workspace_bytes));
+    a->workspace = g.ws;
+
+    int ok = 1;
+    if (!fc_sm90_backward_supported(a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+        printf("FAIL %s: not supported\n", name);
+        ok = 0;
+    } else {
+        const int runs = c->det ? 2 : 1;
+        int same = 1;
+        for (int run = 0; run < runs && ok; run++) {
+            CK(cudaMemset(g.dq, 0xff, nq * 2)); /* 0xffff is a NaN in fp16 and bf16 */
+            CK(cudaMemset(g.dk, 0xff, nk * 2));
+            CK(cudaMemset(g.dv, 0xff, nk * 2));
+            CK(cudaMemset(g.ws, 0xff, a->workspace_bytes)); /* the pre-pass must set all it reads */
+            CK(fc_sm90_backward(a, 0));
+            sync_or_die(name);
+            uint16_t *xq = gdq, *xk = gdk, *xv = gdv;
+            if (run == 1) {
+                xq = (uint16_t *)malloc(nq * 2), xk = (uint16_t *)malloc(nk * 2), xv = (uint16_t *)malloc(nk * 2);
+            }
+            CK(cudaMemcpy(xq, g.dq, nq * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(xk, g.dk, nk * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(xv, g.dv, nk * 2, cudaMemcpyDeviceToHost));
+            if (run == 1) {
+                same = !memcmp(xq, gdq, nq * 2) && !memcmp(xk, gdk, nk * 2) && !memcmp(xv, gdv, nk * 2);
+                free(xq), free(xk), free(xv);
+            }
+        }
+        /* compare */
+        const uint16_t *got[3] = {gdq, gdk, gdv};
+        const double *ref[3] = {rdq, rdk, rdv};
+        const size_t n[3] = {nq, nk, nk};
+        double rel[3];
+        long nans = 0, bad_zero = 0;
+        for (int t = 0; t < 3; t++) {
+            double e2 = 0, r2 = 0;
+            for (size_t i = 0; i < n[t]; i++) {
+                const float x = from16(got[t][i], bf);
+                if (isnan(x)) {
+                    nans++;
+                    continue;
+                }
+                e2 += (x - ref[t][i]) * (x - ref[t][i]);
+                r2 += ref[t][i] * ref[t][i];
+            }
+            rel[t] = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+        }
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HQ; h++)
+                for (int i = 0; i < SQ; i++)
+                    if (dq_zero[((size_t)b * HQ + h) * SQ + i])
+                        for (int x = 0; x < D; x++)
+                            if (from16(gdq[b * q_sb + i * q_ss + h * q_sh + x], bf) != 0.f) bad_zero++;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HK; h++)
+                for (int j = 0; j < SK; j++)
+                    if (dk_zero[((size_t)b * HK + h) * SK + j])
+                        for (int x = 0; x < D; x++) {
+                            const size_t at = b * k_sb + j * k_ss + h * k_sh + x;
+                            if (from16(gdk[at], bf) != 0.f || from16(gdv[at], bf) != 0.f) bad_zero++;
+                        }
+        const double tol = bf ? 1e-2 : 1e-3;
+        ok = nans == 0 && bad_zero == 0 && rel[0] <= tol && rel[1] <= tol && rel[2] <= tol && same;
+        printf("%s %s: rel err dQ %.2e dK %.2e dV %.2e (tol %.0e), NaN %ld, nonzero where zero %ld%s\n",
+               ok ? "PASS" : "FAIL", name, rel[0], rel[1], rel[2], tol, nans, bad_zero,
+               c->det ? (same ? ", two runs bitwise equal" : ", TWO RUNS DIFFER") : "");
+    }
+    cudaFree(g.q), cudaFree(g.o), cudaFree(g.dout), cudaFree(g.dq), cudaFree(g.k), cudaFree(g.v);
+    cudaFree(g.dk), cudaFree(g.dv), cudaFree(g.lse), cudaFree(g.ws);
+    free(hq), free(hk), free(hv), free(hdo), free(ho), free(gdq), free(gdk), free(gdv), free(hl);
+    free(rdq), free(rdk), free(rdv), free(dq_zero), free(dk_zero);
+    return ok;
+}
+
+/* ---- 3. timing --------------------------------------------------------------------------- */
+
+static void bench(const cudaDeviceProp *prop)
+{
+    printf("\nbench: 16k tokens, hidden 2048 (TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal)\n");
+    printf("%-6s %-4s %-7s %-6s %6s %6s %6s %10s %10s\n", "dtype", "d", "causal", "determ", "seqlen", "batch",
+           "heads", "ms", "TFLOP/s");
+    const int dims[2] = {64, 128};
+    const int seqs[4] = {2048, 4096, 8192, 16384};
+    const size_t elems = (size_t)16384 * 2048, bytes = elems * 2;
+    void *buf[8]; /* q k v o dout dq dk dv */
+    for (int i = 0; i < 8; i++) CK(cudaMalloc(&buf[i], bytes));
+    {
+        uint16_t *h = (uint16_t *)malloc(bytes);
+        for (int i = 0; i < 5; i++) {
+            for (size_t e = 0; e < elems; e++) h[e] = to16(frand() * 0.5f, 1);
+            CK(cudaMemcpy(buf[i], h, bytes, cudaMemcpyHostToDevice));
+        }
+        free(h);
+    }
+    float *lse;
+    const size_t nl = (size_t)16384 * 32;
+    CK(cudaMalloc(&lse, nl * 4));
+    void *ws = NULL;
+    size_t ws_bytes = 0;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int bf16 = 1; bf16 >= 0; bf16--)
+        for (int di = 0; di < 2; di++)
+            for (int causal = 0; causal <= 1; causal++)
+                for (int det = 0; det <= 1; det++)
+                    for (int si = 0; si < 4; si++) {
+                        const int D = dims[di], S = seqs[si], H = 2048 / D, B = 16384 / S;
+                        {
+                            /* LSE of a near-uniform row, so that P stays in range */
+                            float *hl = (float *)malloc(nl * 4);
+                            for (size_t i = 0; i < nl; i++) hl[i] = logf((float)S);
+                            CK(cudaMemcpy(lse, hl, nl * 4, cudaMemcpyHostToDevice));
+                            free(hl);
+                        }
+                        fc_sm90_bwd_args a;
+                        memset(&a, 0, sizeof a);
+                        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.dout = buf[4];
+                        a.dq = buf[5], a.dk = buf[6], a.dv = buf[7], a.lse = lse;
+                        a.q_sb = a.k_sb = a.v_sb = a.o_sb = a.do_sb = a.dq_sb = a.dk_sb = a.dv_sb = (int64_t)S * H * D;
+                        a.q_ss = a.k_ss = a.v_ss = a.o_ss = a.do_ss = a.dq_ss = a.dk_ss = a.dv_ss = (int64_t)H * D;
+                        a.q_sh = a.k_sh = a.v_sh = a.o_sh = a.do_sh = a.dq_sh = a.dk_sh = a.dv_sh = D;
+                        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
+                        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
+                        a.bf16 = bf16, a.scale = 1.f / sqrtf((float)D), a.causal = causal, a.deterministic = det;
+                        const size_t need = fc_sm90_backward_workspace_size(&a);
+                        if (need > ws_bytes) {
+                            if (ws) CK(cudaFree(ws));
+                            CK(cudaMalloc(&ws, need));
+                            ws_bytes = need;
+                        }
+                        a.workspace = ws, a.workspace_bytes = ws_bytes;
+                        if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+                            printf("%-6s %-4d %-7d %-6d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, det, S);
+                            continue;
+                        }
+                        for (int w = 0; w < 2; w++) CK(fc_sm90_backward(&a, 0));
+                        sync_or_die("bench warm-up");
+                        const int iters = 5;
+                        CK(cudaEventRecord(e0, 0));
+                        for (int it = 0; it < iters; it++) CK(fc_sm90_backward(&a, 0));
+                        CK(cudaEventRecord(e1, 0));
+                        sync_or_die("bench");
+                        float ms = 0;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        ms /= iters;
+                        const double flops = 2.5 * 4.0 * B * H * (double)S * S * D / (causal ? 2 : 1);
+                        printf("%-6s %-4d %-7d %-6d %6d %6d %6d %10.3f %10.1f\n", bf16 ? "bf16" : "fp16", D, causal,
+                               det, S, B, H, ms, flops / (ms * 1e-3) / 1e12);
+                        fflush(stdout);
+                    }
+    for (int i = 0; i < 8; i++) cudaFree(buf[i]);
+    cudaFree(lse);
+    if (ws) cudaFree(ws);
+}
+
+int main(int argc, char **argv)
+{
+    int do_check = 1, do_bench = 1, small = 0;
+    if (argc > 1 && !strcmp(argv[1], "--check-only")) do_bench = 0;
+    if (argc > 1 && !strcmp(argv[1], "--bench-only")) do_check = 0;
+    if (argc > 1 && !strcmp(argv[1], "--small")) do_bench = 0, small = 1;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, sm_%d%d, %d SMs, %zu bytes shared memory per block (opt-in)\n", prop.name, prop.major,
+           prop.minor, prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
+    if (prop.major != 9 || prop.minor != 0) {
+        printf("not an sm_90 device: nothing to check\n");
+        return 1;
+    }
+    int pass = 0, fail = 0;
+    if (do_check) {
+        /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, deterministic */
+        static const bcase cases[] = {
+            {1, 1, 1, 2, 2, 64, 0, 0, 0, 0},        {1, 1, 1, 2, 2, 128, 1, 1, 0, 0},
+            {2, 17, 17, 2, 2, 64, 0, 1, 0, 0},      {2, 17, 17, 2, 2, 128, 1, 0, 0, 0},
+            {1, 17, 1000, 2, 1, 128, 1, 1, 0, 0},   {1, 1000, 17, 2, 1, 128, 1, 0, 0, 0},
+            {1, 1000, 17, 2, 1, 64, 2, 1, 0, 0},    {1, 17, 1000, 2, 2, 64, 2, 0, 0, 0},
+            {1, 130, 140, 4, 1, 64, 1, 0, 1, 1},    {1, 17, 300, 2, 1, 128, 0, 1, 0, 1},
+            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0},  {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0},
+            {1, 1000, 1000, 2, 2, 128, 1, 0, 0, 0}, {1, 1000, 1000, 2, 2, 64, 2, 1, 0, 0},
+            {1, 1000, 1000, 8, 1, 128, 0, 0, 0, 0}, {1, 1000, 1000, 8, 1, 64, 1, 1, 0, 0},
+            {2, 1000, 1000, 2, 2, 128, 0, 0, 1, 0}, {2, 300, 1000, 4, 2, 64, 1, 1, 1, 0},
+            {1, 1000, 700, 4, 1, 128, 1, 1, 0, 1},  {1, 700, 1000, 2, 2, 64, 0, 0, 0, 1},
+            {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (small && (long)cases[i].sq * cases[i].sk > 20000) continue;
+            if (run_case(&cases[i], &prop)) pass++;
+            else fail++;
+            fflush(stdout);
+        }
+        printf("\nSUMMARY: %d passed, %d failed\n", pass, fail);
+    }
+    if (do_bench) bench(&prop);
+    return fail == 0 ? 0 : 1;
+}
