@@ -28,9 +28,10 @@
  * zero-fills key rows past seqlen_k (the seqlen dimension of the tensor map bounds them), so
  * a partial block brings zeros, which the mask then removes.
  *
- * The grid is persistent (one CTA per SM): each CTA walks a strided share of the tiles in the
- * order of sm90_tile (causal ones longest first), and loads the next tile's Q and K/V while
- * its consumers store the last tile's O.
+ * The grid is persistent (one CTA per SM): each CTA's producer picks tiles in the order of
+ * sm90_tile (causal ones longest first, taken from an atomic counter as CTAs free up;
+ * non-causal ones in fixed strides) and loads the next tile's K and Q while its consumers
+ * store the last tile's O.
  *
  * The tensors reach the kernel as one 4-D tensor map each, {head_dim, seqlen, heads, batch}
  * with the caller's strides, 128-byte swizzle, boxes of 64 columns: any strided view whose rows
@@ -56,10 +57,12 @@ typedef struct sm90_fwd_params {
     int64_t lse_sb, lse_sh, lse_ss;
     int seqlen_q, seqlen_k, group, heads_q;
     int causal;        /* nonzero: query i sees key j when j <= i + causal_offset */
-    /* The tile schedule (sm90_tile): num_tiles = m_blocks * heads_q * batch tiles of BM rows,
-     * walked by each CTA from blockIdx.x in steps of gridDim.x. Causal tiles go in sections
-     * of section_bh (batch, head) pairs, longest first within a section. */
+    /* The tile schedule (sm90_tile): num_tiles = m_blocks * heads_q * batch tiles of BM rows.
+     * CTA c starts with tile c; its next tile is gridDim.x + atomicAdd(tile_counter, 1) when
+     * tile_counter is set (zeroed before the launch), else its last one + gridDim.x. Causal
+     * tiles go in sections of section_bh (batch, head) pairs, longest first within one. */
     int num_tiles, m_blocks, section_bh;
+    int *tile_counter;
     int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
     float scale_log2;  /* softmax scale * log2(e), > 0 */
 } sm90_fwd_params;
@@ -78,8 +81,9 @@ typedef struct sm90_fwd_params {
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
  * (a row block sees keys up to its diagonal), so they go longest first, in sections of
  * section_bh (batch, head) pairs whose K/V fit in L2 together: within a section, every pair's
- * last m-block, then every pair's one before it, and so on. A CTA that takes tiles in this
- * order from a strided walk gets a near-balanced share (longest processing time first). */
+ * last m-block, then every pair's one before it, and so on. CTAs that take the next tile of
+ * this order whenever they finish one (the atomic counter) schedule longest processing time
+ * first, which balances them. */
 static __device__ __forceinline__ void sm90_tile(int t, const sm90_fwd_params &p, int &m_block,
                                                  int &h, int &b)
 {
@@ -112,8 +116,9 @@ struct sm90_fwd_layout {
     static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
     static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
     static constexpr uint32_t BARS = 2 + 4 * STAGES; /* q_full, the K/V ring's, q_empty */
+    static constexpr uint32_t TILE_OFF = BAR_OFF + BARS * 8; /* the tile handed to consumers */
     /* + 1024: the dynamic shared-memory base is only 16-byte aligned */
-    static constexpr uint32_t TOTAL = BAR_OFF + BARS * 8 + 1024;
+    static constexpr uint32_t TOTAL = TILE_OFF + 16 + 1024;
 };
 
 /* Row max and sum of one accumulator row pair, folded into the running state; s becomes
@@ -231,6 +236,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *v_full = bars + 1 + 2 * STAGES, *v_empty = bars + 1 + 3 * STAGES;
 
     uint64_t *q_empty = bars + 1 + 4 * STAGES;
+    volatile int *tile_slot = (volatile int *)(smem + L::TILE_OFF);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
 
@@ -256,10 +262,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     }
     __syncthreads();
 
-    /* The CTA is persistent: it walks tiles blockIdx.x, + gridDim.x, ... The K/V ring's stage
-     * and parity run on across tiles (it counts every key block this CTA has loaded), and the
-     * Q tile, which also stages the O store, is refilled only once both consumers' stores of
-     * the previous tile have read it (q_empty), so the next tile's loads overlap the epilogue. */
+    /* The CTA is persistent. The producer picks each tile and hands its index to the
+     * consumers in tile_slot, published by the q_full arrival (release) and read after the
+     * q_full wait (acquire); index num_tiles tells them to stop. The K/V ring's stage and
+     * parity run on across tiles (it counts every key block this CTA has loaded), and the Q
+     * tile, which also stages the O store, is refilled (and tile_slot rewritten) only once
+     * both consumers' stores of the previous tile have read it (q_empty), so the next tile's
+     * first K block loads during the epilogue. */
     if (wg == 0) {
         /* ---------------- producer ---------------- */
         sm90_setmaxnreg_dec<SM90_PRODUCER_REGS>();
@@ -269,7 +278,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_tma_prefetch_desc(&tm_v);
             int s = 0;
             uint32_t ph = 0, tile_ph = 0;
-            for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+            for (int tile = blockIdx.x;;) {
+                if (tile >= p.num_tiles) {
+                    sm90_mbar_wait(q_empty, tile_ph ^ 1);
+                    *tile_slot = p.num_tiles;
+                    sm90_mbar_arrive(q_full);
+                    break;
+                }
                 int m_block, h, b;
                 sm90_tile(tile, p, m_block, h, b);
                 const int hk = h / p.group, m0 = m_block * BM;
@@ -281,8 +296,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (n_blocks == 0) {
                     sm90_mbar_wait(q_empty, tile_ph ^ 1);
                     tile_ph ^= 1;
+                    *tile_slot = tile;
                     sm90_mbar_arrive(q_full);
-                    continue;
                 }
                 for (int i = 0; i < n_blocks; i++) {
                     const int n0 = (n_blocks - 1 - i) * BN;
@@ -298,6 +313,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                          * the consumers store the previous tile's O out of the Q tile. */
                         sm90_mbar_wait(q_empty, tile_ph ^ 1);
                         tile_ph ^= 1;
+                        *tile_slot = tile;
                         sm90_mbar_arrive_expect_tx(q_full, L::Q_BYTES);
 #pragma unroll
                         for (int pn = 0; pn < L::PANELS; pn++)
@@ -310,6 +326,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         sm90_tma_load_4d(vt + pn * (BN * 128), &tm_v, &v_full[s], pn * 64, n0, hk, b);
                     if (++s == STAGES) s = 0, ph ^= 1;
                 }
+                tile = p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
+                                      : tile + (int)gridDim.x;
             }
         }
         /* The other producer threads have nothing to do; they leave (no barrier below counts
@@ -324,15 +342,17 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
         uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
 
-        for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+        for (;;) {
+            sm90_mbar_wait(q_full, q_ph); /* Q is in, or (no key) the tile is ours to store */
+            q_ph ^= 1;
+            const int tile = *tile_slot;
+            if (tile >= p.num_tiles) break;
             int m_block, h, b;
             sm90_tile(tile, p, m_block, h, b);
             const int m0 = m_block * BM;
             const int n_blocks = SM90_N_BLOCKS(m0);
             const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
             const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
-            sm90_mbar_wait(q_full, q_ph); /* Q is in, or (no key) the tile is ours to store */
-            q_ph ^= 1;
 
             float o[D / 2];
 #pragma unroll
@@ -610,9 +630,28 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
         if (err != cudaSuccess) return err;
         if (sms > 0 && sms < ctas) ctas = sms;
     }
-    dim3 grid((unsigned)ctas);
-    fc_sm90_fwd_kernel<D, BN, STAGES, BF16><<<grid, SM90_THREADS, smem, stream>>>(tq, tk, tv, to, *p);
-    return cudaGetLastError();
+    /* Causal tiles differ in length: they are taken from a counter as CTAs free up (a
+     * stream-ordered int, zeroed before the kernel and freed behind it). Equal non-causal
+     * tiles are walked in fixed strides. FLASHC_SM90_SCHED=static forces strides. */
+    sm90_fwd_params kp = *p;
+    const char *sched_env = getenv("FLASHC_SM90_SCHED");
+    const int dynamic = p->causal && ctas < p->num_tiles &&
+                        !(sched_env && strcmp(sched_env, "static") == 0);
+    if (dynamic) {
+        err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
+        if (err != cudaSuccess) return err;
+        err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
+    }
+    if (err == cudaSuccess) {
+        fc_sm90_fwd_kernel<D, BN, STAGES, BF16><<<dim3((unsigned)ctas), SM90_THREADS, smem, stream>>>(
+            tq, tk, tv, to, kp);
+        err = cudaGetLastError();
+    }
+    if (dynamic) {
+        const cudaError_t err2 = cudaFreeAsync(kp.tile_counter, stream);
+        if (err == cudaSuccess) err = err2;
+    }
+    return err;
 }
 
 cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
