@@ -236,7 +236,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         sm90_mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; s++) {
             sm90_mbar_init(&q_full[s], 1);
-            sm90_mbar_init(&q_empty[s], 2); /* one arrival per consumer warpgroup */
+            /* Every consumer thread arrives: each has read the stage's LSE/delta vectors
+             * itself, so each must order its own reads before the refill. */
+            sm90_mbar_init(&q_empty[s], 256);
         }
         sm90_mbar_init_fence();
     }
@@ -394,7 +396,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_fence_regs(dv);
                 sm90_fence_regs(dk);
                 sm90_fence_regs(dqa);
-                if (t == 0) sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+                sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
 
                 /* dQ unit c into the accumulator, fragment order */
                 float *acc = p.dq_acc + (((int64_t)b * p.heads_q + qh) * p.sqr + m0) * D + unit * 4096 + t * 4;

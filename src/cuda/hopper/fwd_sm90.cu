@@ -251,7 +251,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
     if (tid == 0) {
         sm90_mbar_init(q_full, 1);
-        sm90_mbar_init(q_empty, 2); /* both consumers' O stores have read the Q tile */
+        /* Every consumer thread arrives once its part of the tile is done (it read the tile
+         * index, wrote its O into the Q tile); the phase completes after both O stores have
+         * also been read out by the copy engine. */
+        sm90_mbar_init(q_empty, 256);
         for (int s = 0; s < STAGES; s++) {
             sm90_mbar_init(&k_full[s], 1);
             sm90_mbar_init(&v_full[s], 1);
@@ -489,10 +492,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             /* The Q tile may be refilled (the next tile's Q) once the copy engine has read this
              * warpgroup's O out of it. The other threads' shared stores are ordered before the
              * store by the named barrier above. */
-            if (t == 0) {
-                if (wrow0 < p.seqlen_q) sm90_bulk_wait_read();
-                sm90_mbar_arrive(q_empty);
-            }
+            if (t == 0 && wrow0 < p.seqlen_q) sm90_bulk_wait_read();
+            sm90_mbar_arrive(q_empty);
         }
     }
 #undef SM90_N_BLOCKS
