@@ -5,10 +5,12 @@
  * Decoding is memory-bound: each cached key and value is used by only Nq queries of each
  * query head. So a task takes every query head of one kv head's GQA group at once (the rows
  * of a task are the pairs (query i, head g of the group), up to 64 of them), and each key
- * block of 64 is read from memory once per task and used by all those rows: S = (scale Q) K^T
- * through the micro-kernels' panel product, the online softmax, O += P V, exactly the
- * forward's arithmetic on a block gathered from the cache (through the block table when
- * paged, so pages need not be contiguous or in order).
+ * block of 64 is read from memory once per task and used by all those rows. The products
+ * take the cache rows where they lie, through one pointer per key (the block table when
+ * paged, so pages need not be contiguous or in order), with no packing into the forward's
+ * K^T and V-pair layouts, which cost three times the products: S by dot products over K
+ * rows (kernels.h decode_qk), the forward's online softmax, then O += P V as
+ * multiply-adds over V rows (decode_pv), each row converted from its dtype as it is read.
  *
  * With a small batch there are fewer (sequence, kv head) pairs than threads, so each
  * sequence's keys are cut into splits that run as separate tasks, each writing a partial
@@ -35,7 +37,9 @@ typedef struct decode_job {
     const flashc_tensor *q, *kc, *vc;
     flashc_tensor *out, *lse;
     int dp;
-    int use16;          /* bf16 operands through gemm_panel16 / gemm_acc16 */
+    void (*qk)(int, int, int64_t, const float *, int, const void *const *, int, float *);
+    void (*pv)(int, int, int64_t, const float *, const void *const *, int, float *, int);
+    int (*nonfinite)(const void *const *, int, int64_t, int);
     int64_t group;      /* query heads per kv head */
     int64_t rows_total; /* (query, head) pairs of one kv head's group: group * Nq */
     int64_t chunks;     /* row chunks of ROWS per kv head (1 unless rows_total > ROWS) */
@@ -51,12 +55,9 @@ typedef struct decode_job {
 
 static size_t decode_scratch_floats(int dp)
 {
-    return flashc_cpu_lines((size_t)ROWS * dp) * 3 + /* Q, O, V rows */
-           flashc_cpu_lines((size_t)dp * KEYS) +     /* K^T panel */
+    return flashc_cpu_lines((size_t)ROWS * dp) * 2 + /* Q, O */
            flashc_cpu_lines(ROWS * KEYS) +           /* S / P */
-           flashc_cpu_lines(ROWS * KEYS / 2) +       /* P in bf16 */
-           flashc_cpu_lines(ROWS) * 3 +              /* max, sum, ncols */
-           flashc_cpu_lines((size_t)8 * dp);         /* eight converted K rows */
+           flashc_cpu_lines(ROWS) * 3;               /* max, sum, ncols */
 }
 
 /* The sequence as flashc_seq_key_range sees it: Nq queries against L_b keys. */
@@ -109,76 +110,6 @@ static void prefetch_block(const flashc_kvcache_problem *pr, const flashc_tensor
         }
 }
 
-/* panel[d][c] = key j0 + c of kv head h, dim d, for c < n (the K^T panel of kernels.h).
- * Eight keys are converted to float rows first and then written eight columns at a time:
- * one store per element into a different cache line each (a key at a time) cost more than
- * the products. */
-static void pack_panel(const flashc_kvcache_problem *pr, const flashc_tensor *kc, int64_t b,
-                       int64_t j0, int n, int64_t h, int64_t dim, int dp, float *tmp,
-                       float *panel)
-{
-    for (int c0 = 0; c0 < n; c0 += 8) {
-        const int w = n - c0 < 8 ? n - c0 : 8;
-        for (int k = 0; k < w; k++)
-            flashc_load_row(tmp + (size_t)k * dp, flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h),
-                            pr->base.dtype, dim);
-        if (w == 8) {
-            for (int64_t d = 0; d < dim; d++) {
-                float *dst = panel + d * KEYS + c0;
-                for (int k = 0; k < 8; k++)
-                    dst[k] = tmp[(size_t)k * dp + d];
-            }
-        } else {
-            for (int64_t d = 0; d < dim; d++)
-                for (int k = 0; k < w; k++)
-                    panel[d * KEYS + c0 + k] = tmp[(size_t)k * dp + d];
-        }
-    }
-}
-
-/* bf16 caches on a set with a bf16 dot product: K^T in the pair layout of kernels.h
- * (panel16[d/2][c][d%2]) copied 32 bits at a time straight from the cache rows, no
- * conversion, half the stores of the float32 panel. head_dim is even on this path. */
-static void pack_panel16(const flashc_kvcache_problem *pr, const flashc_tensor *kc, int64_t b,
-                         int64_t j0, int n, int64_t h, int64_t dim, uint32_t *panel)
-{
-    const int64_t pairs = dim / 2;
-    for (int c0 = 0; c0 < n; c0 += 8) {
-        const int w = n - c0 < 8 ? n - c0 : 8;
-        const char *rows[8];
-        for (int k = 0; k < w; k++)
-            rows[k] = flashc_kvcache_row(pr, kc, b, j0 + c0 + k, h);
-        /* memcpy: a row is only 2-byte aligned when a stride is odd (one plain load) */
-        for (int64_t p = 0; p < pairs; p++) {
-            uint32_t *dst = panel + p * KEYS + c0;
-            for (int k = 0; k < w; k++)
-                memcpy(&dst[k], rows[k] + 4 * p, sizeof(uint32_t));
-        }
-    }
-}
-
-/* V of keys [j0, j0 + n) in the pair layout (vpair16[c/2][d][c%2]); the partner of an odd
- * last key is zero. */
-static void pack_vpair16(const flashc_kvcache_problem *pr, const flashc_tensor *vc, int64_t b,
-                         int64_t j0, int n, int64_t h, int64_t dim, int dp, uint16_t *dst)
-{
-    for (int c = 0; c < n; c += 2) {
-        const uint16_t *v0 = flashc_kvcache_row(pr, vc, b, j0 + c, h);
-        const uint16_t *v1 = c + 1 < n ? flashc_kvcache_row(pr, vc, b, j0 + c + 1, h) : NULL;
-        uint16_t *out = dst + (size_t)(c / 2) * dp * 2;
-        if (v1)
-            for (int64_t d = 0; d < dim; d++) {
-                out[2 * d] = v0[d];
-                out[2 * d + 1] = v1[d];
-            }
-        else
-            for (int64_t d = 0; d < dim; d++) {
-                out[2 * d] = v0[d];
-                out[2 * d + 1] = 0;
-            }
-    }
-}
-
 /* Row r of a task: query i, query head h, kv head hk. The rows are the (query, head) pairs of
  * the task's kv heads, kv head by kv head (a "segment" each), or, when one kv head's group
  * has more than ROWS pairs, ROWS of them from row chunk `chunk`. */
@@ -187,9 +118,8 @@ typedef struct task_rows {
     int64_t r0;             /* first pair of the group (row chunks), else 0 */
     int m;                  /* rows, gaps included */
     int seg;                /* rows per kv head segment (m when nheads == 1) */
-    int stride;             /* rows from one segment to the next: seg, or seg rounded up to
-                               16 on the bf16 path, whose tile kernels (AMX) compute whole
-                               16-row strips; the rows between are gaps that see no key */
+    int stride;             /* rows from one segment to the next (seg); rows between
+                               segments would be gaps that see no key */
 } task_rows;
 
 /* Row r of the task, or 0 for a gap row. */
@@ -236,15 +166,11 @@ static void decode_task(void *ctx, int64_t task, int thread)
 
     float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
     float *acc = qbuf + flashc_cpu_lines((size_t)ROWS * dp);
-    float *vrows = acc + flashc_cpu_lines((size_t)ROWS * dp);
-    float *panel = vrows + flashc_cpu_lines((size_t)ROWS * dp);
-    float *s = panel + flashc_cpu_lines((size_t)dp * KEYS);
+    float *s = acc + flashc_cpu_lines((size_t)ROWS * dp);
     float *row_max = s + flashc_cpu_lines(ROWS * KEYS);
     float *row_sum = row_max + flashc_cpu_lines(ROWS);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(ROWS));
-    float *tmp = (float *)ncols + flashc_cpu_lines(ROWS);
-    uint16_t *p16 = (uint16_t *)(tmp + flashc_cpu_lines((size_t)8 * dp));
-    const int use16 = job->use16;
+    const void *rows[KEYS];
 
     const flashc_seq sq = seq_of(pr, b);
     const int64_t off = flashc_seq_offset(bp, &sq);
@@ -262,10 +188,7 @@ static void decode_task(void *ctx, int64_t task, int thread)
             lo[r] = hi[r] = 0;
             continue;
         }
-        if (use16) /* unscaled: bf16 Q is exact, the scale goes on S */
-            flashc_cpu_pack_rows16((uint16_t *)qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h);
-        else
-            flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
+        flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
         flashc_seq_key_range(bp, &sq, i, &lo[r], &hi[r]);
         lo[r] = lo[r] > ks ? lo[r] : ks;
         hi[r] = hi[r] < ke ? hi[r] : ke;
@@ -277,8 +200,6 @@ static void decode_task(void *ctx, int64_t task, int thread)
     /* every row of the kernels' tiles and every padded dim starts at zero, so the products
      * never read stale values */
     memset(acc, 0, (size_t)ROWS * dp * sizeof(float));
-    memset(vrows, 0, (size_t)KEYS * dp * sizeof(float));
-    memset(panel, 0, (size_t)dp * KEYS * sizeof(float));
     const int mods = flashc_cpu_has_mods(bp);
     const int64_t row_bytes = dim * pr->elem_size, h1 = tr.hk0 + tr.nheads;
 
@@ -290,16 +211,10 @@ static void decode_task(void *ctx, int64_t task, int thread)
         const int n = (int)(jend - j0 < KEYS ? jend - j0 : KEYS);
         prefetch_block(pr, job->kc, job->vc, b, tr.hk0, h1, j0 + KEYS, jend, row_bytes);
         for (int64_t t = 0; t < tr.nheads; t++) {
-            float *st = s + (size_t)t * tr.stride * KEYS;
-            if (use16) {
-                pack_panel16(pr, job->kc, b, j0, n, tr.hk0 + t, dim, (uint32_t *)panel);
-                kern->gemm_panel16(tr.seg, dp, (const uint16_t *)qbuf + (size_t)t * tr.stride * dp,
-                                   dp, (const uint16_t *)panel, st);
-            } else {
-                pack_panel(pr, job->kc, b, j0, n, tr.hk0 + t, dim, dp, tmp, panel);
-                kern->gemm_panel(tr.seg, (int)dim, qbuf + (size_t)t * tr.stride * dp, dp, panel,
-                                 st);
-            }
+            for (int c = 0; c < n; c++)
+                rows[c] = flashc_kvcache_row(pr, job->kc, b, j0 + c, tr.hk0 + t);
+            job->qk(tr.seg, n, dim, qbuf + (size_t)t * tr.stride * dp, dp, rows, bp->dtype,
+                    s + (size_t)t * tr.stride * KEYS);
         }
         for (int r = 0; r < m; r++) {
             int64_t a = lo[r] - j0, e = hi[r] - j0;
@@ -311,9 +226,6 @@ static void decode_task(void *ctx, int64_t task, int thread)
                 continue;
             }
             ncols[r] = (int)e;
-            if (use16) /* Q was packed unscaled */
-                for (int64_t c = a; c < e; c++)
-                    srow[c] *= bp->scale;
             for (int64_t c = 0; c < a; c++) /* the window's left edge */
                 srow[c] = -INFINITY;
             int64_t i, h, hk;
@@ -321,32 +233,15 @@ static void decode_task(void *ctx, int64_t task, int thread)
                 apply_mods(pr, srow, (int)a, (int)e, i, h, b, off, j0);
         }
         kern->softmax(s, (int)m, n, ncols, 1.0f, row_max, row_sum, acc, dp);
-        if (use16)
-            kern->round_p16(p16, s, (int)m, n);
         for (int64_t t = 0; t < tr.nheads; t++) {
             float *at = acc + (size_t)t * tr.stride * dp;
-            const void *vr[KEYS];
-            int vbad = 0;
-            for (int c = 0; c < n; c++) {
-                vr[c] = flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t);
-                vbad |= flashc_cpu_row_nonfinite(vr[c], bp->dtype, dim);
-            }
-            if (vbad) { /* a NaN or inf in V: skip the keys a row does not see */
-                flashc_cpu_acc_rows_sparse(tr.seg, n, dp, s + (size_t)t * tr.stride * KEYS, vr,
-                                           bp->dtype, dim, at);
-                continue;
-            }
-            if (use16) {
-                pack_vpair16(pr, job->vc, b, j0, n, tr.hk0 + t, dim, dp, (uint16_t *)vrows);
-                kern->gemm_acc16(tr.seg, n, dp, p16 + (size_t)t * tr.stride * KEYS,
-                                 (const uint16_t *)vrows, at);
-                continue;
-            }
+            const float *pt = s + (size_t)t * tr.stride * KEYS;
             for (int c = 0; c < n; c++)
-                flashc_load_row(vrows + (size_t)c * dp,
-                                flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t),
-                                bp->dtype, dim);
-            kern->gemm_acc(tr.seg, n, dp, s + (size_t)t * tr.stride * KEYS, vrows, at);
+                rows[c] = flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t);
+            if (job->nonfinite(rows, n, dim, bp->dtype)) /* skip the keys a row does not see */
+                flashc_cpu_acc_rows_sparse(tr.seg, n, dp, pt, rows, bp->dtype, dim, at);
+            else
+                job->pv(tr.seg, n, dim, pt, rows, bp->dtype, at, dp);
         }
     }
 
@@ -458,12 +353,16 @@ flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_probl
     job.lse = lse;
     job.dp = flashc_cpu_padded_dim(bp->head_dim);
     job.group = bp->heads_q / bp->heads_kv;
-    job.use16 = bp->dtype == FLASHC_BF16 && bp->head_dim % 2 == 0 && st->kernels->gemm_panel16 &&
-                st->kernels->bf16_supported && st->kernels->bf16_supported();
+    /* sets without decode kernels (AVX2) run the generic set's */
+    const flashc_cpu_kernels *gk = &flashc_cpu_kernels_generic;
+    job.qk = st->kernels->decode_qk ? st->kernels->decode_qk : gk->decode_qk;
+    job.pv = st->kernels->decode_pv ? st->kernels->decode_pv : gk->decode_pv;
+    job.nonfinite = st->kernels->rows_nonfinite ? st->kernels->rows_nonfinite
+                                                : gk->rows_nonfinite;
     job.rows_total = job.group * bp->seqlen_q;
     job.chunks = flashc_cpu_blocks(job.rows_total, ROWS);
     job.heads_per_task = 1;
-    job.seg_stride = job.use16 ? (job.rows_total + 15) & ~(int64_t)15 : job.rows_total;
+    job.seg_stride = job.rows_total;
     if (job.chunks == 1) {
         job.heads_per_task = job.seg_stride <= ROWS ? ROWS / job.seg_stride : 1;
         if (job.heads_per_task > bp->heads_kv)

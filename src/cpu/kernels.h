@@ -98,6 +98,23 @@ typedef struct flashc_cpu_kernels {
     void (*gemm_panel16_acc)(int m, int k, const uint16_t *a, ptrdiff_t lda,
                              const uint16_t *panel16, float *c);
     void (*pair_p16)(uint16_t *dst, const float *src, int m, int n);
+
+    /* Decode (cpu_decode.c): products straight from the cache rows, no packing. A decode
+     * block is n <= 64 keys, each given by the address of its row (any dtype: 1 f32, 2 f16,
+     * 3 bf16, the flashc_dtype values; d elements, contiguous, any alignment), against
+     * m <= 64 float32 rows (query, head) of Q (stride dp, zero from d to dp). NULL where
+     * the set has none: the generic set's then run.
+     *   decode_qk: s[r][c] = q[r] . k[c]  for r < m, c < n (s of row stride 64; columns up
+     *     to the next multiple of 16 may be written).
+     *   decode_pv: o[r][0:d] += sum_c p[r][c] v[c] (p of row stride 64, o of stride dp).
+     *     Each value row is read once for all m rows.
+     *   rows_nonfinite: 1 if any of the n rows holds a NaN or inf (such a block takes the
+     *     product that skips zero probabilities, cpu_nonfinite.c). */
+    void (*decode_qk)(int m, int n, int64_t d, const float *q, int dp, const void *const *k,
+                      int dtype, float *s);
+    void (*decode_pv)(int m, int n, int64_t d, const float *p, const void *const *v,
+                      int dtype, float *o, int dp);
+    int (*rows_nonfinite)(const void *const *rows, int n, int64_t d, int dtype);
 } flashc_cpu_kernels;
 
 extern const flashc_cpu_kernels flashc_cpu_kernels_generic;

@@ -231,6 +231,23 @@ static void amx_pair_p16(uint16_t *dst, const float *src, int m, int n)
     flashc_cpu_kernels_avx512.pair_p16(dst, src, m, n);
 }
 
+static void amx_decode_qk(int m, int n, int64_t d, const float *q, int dp, const void *const *k,
+                          int dtype, float *s)
+{
+    flashc_cpu_kernels_avx512.decode_qk(m, n, d, q, dp, k, dtype, s);
+}
+
+static void amx_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
+                          int dtype, float *o, int dp)
+{
+    flashc_cpu_kernels_avx512.decode_pv(m, n, d, p, v, dtype, o, dp);
+}
+
+static int amx_rows_nonfinite(const void *const *rows, int n, int64_t d, int dtype)
+{
+    return flashc_cpu_kernels_avx512.rows_nonfinite(rows, n, d, dtype);
+}
+
 const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .name = "amx",
     .supported = amx_supported,
@@ -246,4 +263,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16_acc = amx_gemm_panel16_acc,
     .pair_p16 = amx_pair_p16,
     .bf16_supported = amx_supported,
+    .decode_qk = amx_decode_qk,
+    .decode_pv = amx_decode_pv,
+    .rows_nonfinite = amx_rows_nonfinite,
 };

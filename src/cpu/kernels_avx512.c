@@ -17,6 +17,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "flashc.h"
 
 #define KN(x) avx512_##x
 #define VW 16
@@ -287,6 +288,155 @@ static int avx512_bf16_supported(void)
     return avx512_supported() && flashc_cpu_get_features()->avx512bf16;
 }
 
+/* ---- decode: products straight from the cache rows ---- */
+
+/* Elements [off, off + 16) of a row of any dtype as float32, lanes outside mask zero (and
+ * not read: a masked load does not touch memory past the row's end). */
+static inline __m512 avx512_row16(const void *row, int64_t off, int dtype, __mmask16 mask)
+{
+    if (dtype == FLASHC_F32)
+        return _mm512_maskz_loadu_ps(mask, (const float *)row + off);
+    __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + off);
+    if (dtype == FLASHC_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __mmask16 avx512_tail_mask(int64_t d)
+{
+    return (d & 15) ? (__mmask16)((1u << (d & 15)) - 1) : (__mmask16)0xffff;
+}
+
+/* Lane i = the sum of v[i]'s lanes: a transposing add tree, 15 steps of two shuffles and an
+ * add for 16 sums, where 16 separate reductions would take 16 x 4. */
+static inline __m512 avx512_sum16(__m512 *v)
+{
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: the lane's sums of 4 inputs */
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xee));
+    for (int i = 0; i < 2; i++) /* then across the four 128-bit lanes */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+}
+
+/* 16 keys at a time: their rows are converted once into an L1 buffer, then each query row
+ * takes 16 dot products against it and the add tree turns the 16 accumulators into 16
+ * scores. Every key row is read from memory once for all m rows. */
+static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
+                             const void *const *k, int dtype, float *s)
+{
+    const int nch = (int)((d + 15) / 16), ld = nch * 16;
+    const __mmask16 tail = avx512_tail_mask(d);
+    float tmp[16 * FLASHC_MAX_HEAD_DIM] __attribute__((aligned(64)));
+    for (int g0 = 0; g0 < n; g0 += 16) {
+        const int gn = n - g0 < 16 ? n - g0 : 16;
+        for (int c = 0; c < 16; c++)
+            for (int ch = 0; ch < nch; ch++)
+                _mm512_store_ps(tmp + c * ld + 16 * ch,
+                                c < gn ? avx512_row16(k[g0 + c], 16 * ch, dtype,
+                                                      ch == nch - 1 ? tail : 0xffff)
+                                       : _mm512_setzero_ps());
+        for (int r = 0; r < m; r++) {
+            const float *qr = q + (ptrdiff_t)r * dp;
+            __m512 acc[16];
+            for (int c = 0; c < 16; c++)
+                acc[c] = _mm512_setzero_ps();
+            for (int ch = 0; ch < nch; ch++) {
+                const __m512 qv = _mm512_load_ps(qr + 16 * ch);
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++)
+                    acc[c] = _mm512_fmadd_ps(qv, _mm512_load_ps(tmp + c * ld + 16 * ch), acc[c]);
+            }
+            _mm512_storeu_ps(s + r * FLASHC_CPU_BLOCK_N + g0, avx512_sum16(acc));
+        }
+    }
+}
+
+/* rm (constant after inlining) rows of O, 16 dims at a time in registers, while the value
+ * rows stream past: one load and conversion of each 16 values serves all rm rows. */
+static inline __attribute__((always_inline)) void
+avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const *v, int dtype,
+               float *o, int dp)
+{
+    const int nch = (int)((d + 15) / 16);
+    const __mmask16 tail = avx512_tail_mask(d);
+    for (int ch = 0; ch < nch; ch++) {
+        const __mmask16 mask = ch == nch - 1 ? tail : 0xffff;
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < rm; r++)
+            acc[r] = _mm512_load_ps(o + (ptrdiff_t)r * dp + 16 * ch);
+        for (int c = 0; c < n; c++) {
+            const __m512 vv = avx512_row16(v[c], 16 * ch, dtype, mask);
+#pragma GCC unroll 8
+            for (int r = 0; r < rm; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * FLASHC_CPU_BLOCK_N + c]), vv,
+                                         acc[r]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < rm; r++)
+            _mm512_store_ps(o + (ptrdiff_t)r * dp + 16 * ch, acc[r]);
+    }
+}
+
+#define PV_ROWS(RM)                                                                          \
+    static void avx512_pv_##RM(int n, int64_t d, const float *p, const void *const *v,       \
+                               int dtype, float *o, int dp)                                  \
+    {                                                                                         \
+        avx512_pv_rows(RM, n, d, p, v, dtype, o, dp);                                         \
+    }
+PV_ROWS(1)
+PV_ROWS(2)
+PV_ROWS(3)
+PV_ROWS(4)
+PV_ROWS(5)
+PV_ROWS(6)
+PV_ROWS(7)
+PV_ROWS(8)
+typedef void (*pv_fn)(int, int64_t, const float *, const void *const *, int, float *, int);
+static const pv_fn pv_tiles[9] = {NULL,      avx512_pv_1, avx512_pv_2, avx512_pv_3, avx512_pv_4,
+                                  avx512_pv_5, avx512_pv_6, avx512_pv_7, avx512_pv_8};
+
+static void avx512_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
+                             int dtype, float *o, int dp)
+{
+    for (int r0 = 0; r0 < m; r0 += 8) {
+        const int rm = m - r0 < 8 ? m - r0 : 8;
+        pv_tiles[rm](n, d, p + r0 * FLASHC_CPU_BLOCK_N, v, dtype, o + (ptrdiff_t)r0 * dp, dp);
+    }
+}
+
+static int avx512_rows_nonfinite(const void *const *rows, int n, int64_t d, int dtype)
+{
+    const int64_t per = dtype == FLASHC_F32 ? 16 : 32; /* elements per 64-byte load */
+    __mmask64 bad = 0;
+    for (int c = 0; c < n; c++)
+        for (int64_t x = 0; x < d; x += per) {
+            const int64_t left = d - x;
+            if (dtype == FLASHC_F32) {
+                const __mmask16 k = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __m512i e = _mm512_and_si512(
+                    _mm512_maskz_loadu_epi32(k, (const uint32_t *)rows[c] + x),
+                    _mm512_set1_epi32(0x7f800000));
+                bad |= _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7f800000));
+            } else {
+                const __mmask32 k = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
+                const short ex = dtype == FLASHC_F16 ? 0x7c00 : 0x7f80;
+                __m512i e = _mm512_and_si512(
+                    _mm512_maskz_loadu_epi16(k, (const uint16_t *)rows[c] + x),
+                    _mm512_set1_epi16(ex));
+                bad |= _mm512_cmpeq_epi16_mask(e, _mm512_set1_epi16(ex));
+            }
+        }
+    return bad != 0;
+}
+
 /* The bf16 entries are used only where bf16_supported says the processor has AVX512_BF16. */
 const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .name = "avx512",
@@ -303,4 +453,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_panel16_acc = avx512_gemm_panel16_acc,
     .pair_p16 = avx512_pair_p16,
     .bf16_supported = avx512_bf16_supported,
+    .decode_qk = avx512_decode_qk,
+    .decode_pv = avx512_decode_pv,
+    .rows_nonfinite = avx512_rows_nonfinite,
 };

@@ -10,6 +10,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "dtype.h"
 
 static int generic_supported(void)
 {
@@ -119,6 +120,55 @@ static void generic_p_ds(float *s, float *dp, int m, int n, const int *ncols, fl
     }
 }
 
+static void generic_decode_qk(int m, int n, int64_t d, const float *q, int dp,
+                              const void *const *k, int dtype, float *s)
+{
+    float row[FLASHC_MAX_HEAD_DIM];
+    for (int c = 0; c < n; c++) {
+        flashc_load_row(row, k[c], (flashc_dtype)dtype, d);
+        for (int r = 0; r < m; r++) {
+            const float *qr = q + (ptrdiff_t)r * dp;
+            float acc = 0.0f;
+            for (int64_t x = 0; x < d; x++)
+                acc += qr[x] * row[x];
+            s[r * FLASHC_CPU_BLOCK_N + c] = acc;
+        }
+    }
+}
+
+static void generic_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
+                              int dtype, float *o, int dp)
+{
+    float row[FLASHC_MAX_HEAD_DIM];
+    for (int c = 0; c < n; c++) {
+        flashc_load_row(row, v[c], (flashc_dtype)dtype, d);
+        for (int r = 0; r < m; r++) {
+            const float w = p[r * FLASHC_CPU_BLOCK_N + c];
+            float *orow = o + (ptrdiff_t)r * dp;
+            for (int64_t x = 0; x < d; x++)
+                orow[x] += w * row[x];
+        }
+    }
+}
+
+static int generic_rows_nonfinite(const void *const *rows, int n, int64_t d, int dtype)
+{
+    unsigned bad = 0;
+    for (int c = 0; c < n; c++) {
+        if (dtype == FLASHC_F32) {
+            const uint32_t *x = rows[c];
+            for (int64_t i = 0; i < d; i++)
+                bad |= (x[i] & 0x7f800000u) == 0x7f800000u;
+        } else {
+            const uint16_t *x = rows[c];
+            const uint16_t e = dtype == FLASHC_F16 ? 0x7c00u : 0x7f80u;
+            for (int64_t i = 0; i < d; i++)
+                bad |= (x[i] & e) == e;
+        }
+    }
+    return bad != 0;
+}
+
 const flashc_cpu_kernels flashc_cpu_kernels_generic = {
     .name = "generic",
     .supported = generic_supported,
@@ -128,6 +178,9 @@ const flashc_cpu_kernels flashc_cpu_kernels_generic = {
     .softmax = generic_softmax,
     .p_ds = generic_p_ds,
     .exp_sum = generic_exp_sum,
+    .decode_qk = generic_decode_qk,
+    .decode_pv = generic_decode_pv,
+    .rows_nonfinite = generic_rows_nonfinite,
 };
 
 /* Sets in order of preference, best first; the generic set runs anywhere. An aarch64 NEON
