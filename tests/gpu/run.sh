@@ -1,57 +1,93 @@
 #!/bin/sh
-# Builds the library with the CUDA backend (or uses the build in FLASHC_BUILD_DIR when it
-# already holds libflashc.so), builds and runs the GPU test programs over their full grids
-# (test_gpu: forward and backward; test_gpu_decode: KV-cache decode and the LSE merge), then
-# compute-sanitizer memcheck and racecheck of both on the small shapes that reach every
-# kernel, and prints a summary. Usage: tests/gpu/run.sh [--no-sanitizer]
+# The GPU tests in one go. Builds the library with the CUDA backend (or uses the build in
+# FLASHC_BUILD_DIR when it already holds libflashc.so), then runs:
+#   test_gpu          forward and backward over the full grid, with the kernels the device
+#                     picks (wgmma on sm_90) and again with the mma.sync kernels forced;
+#   test_gpu_decode   KV-cache decode and the LSE merge;
+#   on sm_90, the standalone checks of the Hopper forward and backward (tests/gpu/hopper);
+#   compute-sanitizer memcheck, racecheck and synccheck on the small shapes that reach every
+#   kernel (the Hopper ones with few CTAs, so each walks many tiles);
+# and prints one line per step and a summary. Usage: tests/gpu/run.sh [--no-sanitizer]
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${FLASHC_BUILD_DIR:-$ROOT/build-gpu}
 JOBS=$(nproc 2>/dev/null || echo 4)
+LOGS=$BUILD/gpu-test-logs
+mkdir -p "$LOGS"
 
 if [ ! -f "$BUILD/libflashc.so" ]; then
     echo "== building flashc with CUDA in $BUILD"
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DFLASHC_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake -S "$ROOT" -B "$BUILD" -DFLASHC_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null &&
         cmake --build "$BUILD" -j "$JOBS" >/dev/null || { echo "build failed"; exit 1; }
 fi
 for t in test_gpu test_gpu_decode; do
     cc -O2 -std=c11 -D_GNU_SOURCE -I"$ROOT/include" "$ROOT/tests/gpu/$t.c" -o "$BUILD/$t" \
         -L"$BUILD" -lflashc -lpthread -lm -Wl,-rpath,"$BUILD" || { echo "$t build failed"; exit 1; }
 done
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
+echo "== device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) (compute capability $cap)"
 
-echo "== test_gpu (full grid)"
-"$BUILD/test_gpu" --threads "$JOBS"
-grid_rc=$?
-echo "== test_gpu_decode (full grid)"
-"$BUILD/test_gpu_decode"
-decode_rc=$?
-
-# sanitize PROGRAM TOOL: runs PROGRAM --small under compute-sanitizer TOOL, prints the tool's
-# summary lines and returns its status
-sanitize() {
-    compute-sanitizer --tool "$2" --error-exitcode 3 "$BUILD/$1" --small >"$BUILD/$1.$2.log" 2>&1
+failed=0
+summary=""
+# step NAME LOG COMMAND...: runs COMMAND with its output in LOG, prints the lines that say how
+# it went, and records the status.
+step() {
+    name=$1 log=$LOGS/$2
+    shift 2
+    "$@" >"$log" 2>&1
     rc=$?
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|summary:" "$BUILD/$1.$2.log"
-    return $rc
+    grep -E "^(summary|SUMMARY|FAIL|HANG)|ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 4 | sed 's/^/    /'
+    echo "-- $name: rc=$rc"
+    summary="$summary
+    $(printf '%-48s %s' "$name" "$([ $rc = 0 ] && echo pass || echo "FAIL (rc $rc, $log)")")"
+    [ $rc = 0 ] || failed=1
+}
+sanitize() { # TOOL PROGRAM ARGS...
+    tool=$1
+    shift
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$@"
 }
 
-mem_rc=skipped
-race_rc=skipped
-dmem_rc=skipped
-drace_rc=skipped
-if [ "${1:-}" != "--no-sanitizer" ] && command -v compute-sanitizer >/dev/null 2>&1; then
-    echo "== compute-sanitizer memcheck, test_gpu (small shapes)"
-    sanitize test_gpu memcheck; mem_rc=$?
-    echo "== compute-sanitizer racecheck, test_gpu (small shapes)"
-    sanitize test_gpu racecheck; race_rc=$?
-    echo "== compute-sanitizer memcheck, test_gpu_decode (small shapes)"
-    sanitize test_gpu_decode memcheck; dmem_rc=$?
-    echo "== compute-sanitizer racecheck, test_gpu_decode (small shapes)"
-    sanitize test_gpu_decode racecheck; drace_rc=$?
+echo "== test programs"
+step "test_gpu (device's kernels)" test_gpu.log "$BUILD/test_gpu" --threads "$JOBS"
+step "test_gpu (mma.sync kernels forced)" test_gpu_mma.log env FLASHC_CUDA_KERNELS=mma "$BUILD/test_gpu" --threads "$JOBS"
+step "test_gpu_decode" test_gpu_decode.log "$BUILD/test_gpu_decode"
+
+hopper=0
+[ "$cap" = "9.0" ] && hopper=1
+if [ $hopper = 1 ]; then
+    echo "== Hopper standalone checks"
+    HB=$BUILD/hopper
+    mkdir -p "$HB"
+    if sh "$ROOT/tests/gpu/hopper/build.sh" "$HB" >"$LOGS/hopper_build.log" 2>&1 &&
+        sh "$ROOT/tests/gpu/hopper/build_bwd.sh" "$HB" >>"$LOGS/hopper_build.log" 2>&1; then
+        grep -E "SASS|spill|WARNING" "$LOGS/hopper_build.log" | sort | uniq -c | sed 's/^/    /'
+        step "check_fwd_sm90" check_fwd_sm90.log timeout 300 "$HB/check_fwd_sm90" --check-only
+        step "check_fwd_sm90, 3 CTAs" check_fwd_sm90_3.log env FLASHC_SM90_CTAS=3 timeout 200 "$HB/check_fwd_sm90" --small
+        step "check_bwd_sm90" check_bwd_sm90.log timeout 300 "$HB/check_bwd_sm90" --check-only
+    else
+        tail -n 20 "$LOGS/hopper_build.log"
+        summary="$summary
+    Hopper checks: build failed"
+        failed=1
+    fi
 fi
 
-echo "== summary: test_gpu rc=$grid_rc memcheck rc=$mem_rc racecheck rc=$race_rc;" \
-    "test_gpu_decode rc=$decode_rc memcheck rc=$dmem_rc racecheck rc=$drace_rc (0 = pass)"
-pass() { [ "$1" = 0 ] || [ "$1" = skipped ]; }
-[ "$grid_rc" = 0 ] && [ "$decode_rc" = 0 ] && pass "$mem_rc" && pass "$race_rc" &&
-    pass "$dmem_rc" && pass "$drace_rc"
+if [ "${1:-}" != "--no-sanitizer" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+    echo "== compute-sanitizer (small shapes)"
+    for tool in memcheck racecheck synccheck; do
+        step "$tool test_gpu" "test_gpu.$tool.log" sanitize $tool "$BUILD/test_gpu" --small
+        step "$tool test_gpu (mma.sync)" "test_gpu_mma.$tool.log" env FLASHC_CUDA_KERNELS=mma \
+            compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/test_gpu" --small
+        step "$tool test_gpu_decode" "test_gpu_decode.$tool.log" sanitize $tool "$BUILD/test_gpu_decode" --small
+        if [ $hopper = 1 ] && [ -x "$BUILD/hopper/check_fwd_sm90" ]; then
+            step "$tool check_fwd_sm90, 5 CTAs" "check_fwd_sm90.$tool.log" env FLASHC_SM90_CTAS=5 \
+                compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/hopper/check_fwd_sm90" --small
+            step "$tool check_bwd_sm90" "check_bwd_sm90.$tool.log" sanitize $tool "$BUILD/hopper/check_bwd_sm90" --small
+        fi
+    done
+fi
+
+echo "== summary$summary"
+[ $failed = 0 ] && echo "all GPU tests passed" || echo "some GPU tests FAILED (logs in $LOGS)"
+exit $failed
