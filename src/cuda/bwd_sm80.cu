@@ -31,12 +31,44 @@
  *                   every run; the dK/dV kernel then skips dQ.
  *   fc_bwd_dq_convert   dq_accum * scale -> dQ in the input type, strided.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "common.cuh"
+#include "features.cuh"
 
 #define FC_LOG2E 1.4426950408889634f
+
+/* ---- the feature kernels (FEAT = 1) --------------------------------------------------------
+ *
+ * Every kernel below takes FEAT: 0 is the plain kernel, 1 serves the features of fc_feat
+ * behind run-time branches. blockIdx.z is then a sequence (of a varlen batch or not), blocks
+ * past its length leave at once, the loops run over the band of the causal / window mask
+ * only, and the workspace rows of a varlen problem are laid out per head over the packed
+ * sequences (fc_ws_seq_start). With softcap, dS gets the tanh derivative 1 - t^2; with
+ * dropout, dV takes P D and dS = P (D dP - delta), D the regenerated keep mask times
+ * 1 / (1 - p). The feature backward always runs the 16-keys-per-warp dK/dV kernel. */
+
+/* Sequence b's first token in the packed tensors at or below token tok: the b with
+ * cu_q[b] <= tok < cu_q[b + 1] (empty sequences skipped). */
+static __device__ __forceinline__ int fc_seq_of_token(const fc_feat &f, int tok)
+{
+    int lo = 0, hi = f.num_seqs;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (f.cu_q[mid] <= tok) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* First workspace row of (sequence b, query head h) for the feature kernels. */
+static __device__ __forceinline__ int64_t fc_ws_row(const fc_bwd_args &a, int b, int h)
+{
+    return a.f.varlen ? (int64_t)h * a.nq_pad + fc_ws_seq_start(a.f, b)
+                      : (int64_t)(b * a.heads_q + h) * a.nq_pad;
+}
 
 /* FC_DQ_BULK: the dQ tile of the tiled kernel through shared memory and the copy engine's
  * bulk reductions (sm_90), one reduction of D floats per row, instead of vector atomics.
@@ -78,15 +110,28 @@ static __device__ __forceinline__ void atomic_add4(float *dst, float x, float y,
 
 /* ---- pre-pass ---------------------------------------------------------------------------- */
 
-template <int BF16>
+/* FEAT with varlen: one warp per (head, token) of the packed tensors, the workspace rows
+ * between the sequences zeroed beforehand by the launcher; otherwise as the plain kernel. */
+template <int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_bwd_prep_kernel(const fc_bwd_args a, int batch)
 {
     const int lane = threadIdx.x & 31;
     const int64_t row_id = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (row_id >= (int64_t)batch * a.heads_q * a.nq_pad) return;
-    const int bh = (int)(row_id / a.nq_pad);
-    const int i = (int)(row_id - (int64_t)bh * a.nq_pad);
-    const int b = bh / a.heads_q, h = bh - b * a.heads_q;
+    int64_t ws_at = row_id;
+    int b, h, i;
+    if (FEAT && a.f.varlen) {
+        if (row_id >= (int64_t)a.heads_q * a.seqlen_q) return;
+        h = (int)(row_id / a.seqlen_q);
+        i = (int)(row_id - (int64_t)h * a.seqlen_q); /* the token: batch 0, row i */
+        const int sb = fc_seq_of_token(a.f, i);
+        ws_at = (int64_t)h * a.nq_pad + fc_ws_seq_start(a.f, sb) + (i - a.f.cu_q[sb]);
+        b = 0;
+    } else {
+        if (row_id >= (int64_t)batch * a.heads_q * a.nq_pad) return;
+        const int bh = (int)(row_id / a.nq_pad);
+        i = (int)(row_id - (int64_t)bh * a.nq_pad);
+        b = bh / a.heads_q, h = bh - b * a.heads_q;
+    }
     float dot = 0.f, lse2 = INFINITY;
     if (i < a.seqlen_q) {
         if (lane * 8 < a.head_dim) { /* head_dim <= 256: one 8-element chunk per lane */
@@ -104,8 +149,8 @@ __global__ void __launch_bounds__(256) fc_bwd_prep_kernel(const fc_bwd_args a, i
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (lane == 0) {
-        a.delta[row_id] = dot;
-        a.lse2[row_id] = lse2;
+        a.delta[ws_at] = dot;
+        a.lse2[ws_at] = lse2;
     }
 }
 
@@ -132,8 +177,27 @@ static __device__ __forceinline__ void bwd_prefetch(const fc_bwd_args &a, int b,
         cp_async_16(smem_addr(sDelta + (tid - BM / 4) * 4), a.delta + row + (tid - BM / 4) * 4, 1);
 }
 
+/* bwd_prefetch for the feature kernels: query head h, query block m0 of sequence sq (b). */
+template <int D, int BM, int NT>
+static __device__ __forceinline__ void bwd_prefetch_feat(const fc_bwd_args &a, const fc_seq &sq,
+                                                         int b, int h, int m0, uint16_t *sQ,
+                                                         uint16_t *sdO, float *sLse,
+                                                         float *sDelta, int tid)
+{
+    const int64_t r0 = sq.q0 + m0;
+    const uint16_t *q = a.q + sq.batch * a.q_sb + h * a.q_sh + r0 * a.q_ss;
+    const uint16_t *dO = a.dout + sq.batch * a.do_sb + h * a.do_sh + r0 * a.do_ss;
+    load_tile_async<BM, D, NT>(sQ, q, a.q_ss, sq.nq - m0, a.head_dim, tid);
+    load_tile_async<BM, D, NT>(sdO, dO, a.do_ss, sq.nq - m0, a.head_dim, tid);
+    const int64_t row = fc_ws_row(a, b, h) + m0;
+    if (tid < BM / 4)
+        cp_async_16(smem_addr(sLse + tid * 4), a.lse2 + row + tid * 4, 1);
+    else if (tid < BM / 2)
+        cp_async_16(smem_addr(sDelta + (tid - BM / 4) * 4), a.delta + row + (tid - BM / 4) * 4, 1);
+}
+
 /* PASS 0: dK, dV and (if a.compute_dq) dQ; PASS 1: dV only; PASS 2: dK and dQ only. */
-template <int D, int BM, int NW, int BF16, int PASS>
+template <int D, int BM, int NW, int BF16, int PASS, int FEAT>
 __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1)
 fc_bwd_dkdv_kernel(const fc_bwd_args a)
 {
@@ -161,15 +225,43 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
     const int g = lane >> 2, t = lane & 3;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int n0 = n_block * BN;
-    const int keys_valid = a.seqlen_k - n0;
+    fc_seq sq = {};
+    if constexpr (FEAT) {
+        sq = fc_seq_of(a, b);
+        if (n0 >= sq.nk) return; /* past this sequence's keys */
+    }
+    const int64_t bt = FEAT ? sq.batch : b;
+    const int k_row0 = FEAT ? sq.k0 + n0 : n0;
+    const int keys_valid = (FEAT ? sq.nk : a.seqlen_k) - n0;
 
-    const uint16_t *k = a.k + b * a.k_sb + hk * a.k_sh + (int64_t)n0 * a.k_ss;
-    const uint16_t *v = a.v + b * a.v_sb + hk * a.v_sh + (int64_t)n0 * a.v_ss;
+    const uint16_t *k = a.k + bt * a.k_sb + hk * a.k_sh + (int64_t)k_row0 * a.k_ss;
+    const uint16_t *v = a.v + bt * a.v_sb + hk * a.v_sh + (int64_t)k_row0 * a.v_ss;
 
+    int m_block_begin, n_m;
+    /* FEAT: this warp's two key rows see queries [qlo, qhi) (empty past the keys); a query
+     * block [m0, m0 + BM) needs no mask when m_full_lo <= m0 and m0 + BM <= m_full_hi. */
+    int qlo[2] = {0, 0}, qhi[2] = {0, 0}, m_full_lo = 0, m_full_hi = 0;
+    if constexpr (FEAT) {
+        const int last_key = min(n0 + BN, sq.nk) - 1;
+        const int m_lo = fc_query_lo(a.f, sq, n0), m_hi = fc_query_hi(a.f, sq, last_key);
+        m_block_begin = m_lo / BM;
+        n_m = m_hi > m_lo ? (m_hi + BM - 1) / BM - m_block_begin : 0;
+        m_full_lo = n0 + BN > sq.nk ? INT_MAX : fc_query_lo(a.f, sq, last_key);
+        m_full_hi = min(fc_query_hi(a.f, sq, n0), sq.nq);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int key = n0 + warp * 16 + g + 8 * hr;
+            if (key < sq.nk) {
+                qlo[hr] = fc_query_lo(a.f, sq, key);
+                qhi[hr] = fc_query_hi(a.f, sq, key);
+            }
+        }
+    } else {
     /* The queries that see a key of this block: i >= n0 - causal_offset. */
     const int m_begin = a.causal ? max(0, n0 - a.causal_offset) : 0;
-    const int m_block_begin = m_begin / BM;
-    const int n_m = m_begin < a.seqlen_q ? (a.seqlen_q + BM - 1) / BM - m_block_begin : 0;
+    m_block_begin = m_begin / BM;
+    n_m = m_begin < a.seqlen_q ? (a.seqlen_q + BM - 1) / BM - m_block_begin : 0;
+    }
     const int iters = n_m * a.group;
 
     load_tile_async<BN, D, NT>(sK, k, a.k_ss, keys_valid, a.head_dim, tid);
@@ -182,8 +274,13 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
 #pragma unroll
         for (int r = 0; r < 4; r++) acc_dv[dt][r] = acc_dk[dt][r] = 0.f;
 
-    if (iters > 0)
-        bwd_prefetch<D, BM, NT>(a, b, hk, 0, n_m, m_block_begin, sQ, sdO, sLse, sDelta, tid);
+    if (iters > 0) {
+        if constexpr (FEAT)
+            bwd_prefetch_feat<D, BM, NT>(a, sq, b, hk * a.group, m_block_begin * BM, sQ, sdO, sLse,
+                                         sDelta, tid);
+        else
+            bwd_prefetch<D, BM, NT>(a, b, hk, 0, n_m, m_block_begin, sQ, sdO, sLse, sDelta, tid);
+    }
     cp_async_commit();
 
     const int key_row0 = warp * 16; /* this warp's keys within the block */
@@ -191,6 +288,12 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
     for (int it = 0; it < iters; it++) {
         const int st = it & 1;
         if (it + 1 < iters) {
+            if constexpr (FEAT)
+                bwd_prefetch_feat<D, BM, NT>(a, sq, b, hk * a.group + (it + 1) / n_m,
+                                             (m_block_begin + (it + 1) % n_m) * BM,
+                                             sQ + (st ^ 1) * BM * P, sdO + (st ^ 1) * BM * P,
+                                             sLse + (st ^ 1) * BM, sDelta + (st ^ 1) * BM, tid);
+            else
             bwd_prefetch<D, BM, NT>(a, b, hk, it + 1, n_m, m_block_begin, sQ + (st ^ 1) * BM * P,
                                     sdO + (st ^ 1) * BM * P, sLse + (st ^ 1) * BM,
                                     sDelta + (st ^ 1) * BM, tid);
@@ -226,6 +329,47 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
             }
         }
 
+        /* FEAT: P^T D packed for dV as it is made, s = P^T (1 - t^2) kept for dS^T, and the
+         * keep bits of the block in keep[2 hr + e] (bit 4 qt) */
+        uint32_t pa_f[BM / 16][4];
+        uint32_t keep[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+        if constexpr (FEAT) {
+            const bool need_mask = m0 < m_full_lo || m0 + BM > m_full_hi;
+            const float slope2 = fc_alibi_slope2(a.f, b, h);
+            const float pv_scale = a.f.dropout_on ? a.f.drop_scale : 1.f;
+            if (a.f.dropout_on)
+                fc_keep_cols<QT>(a.f, fc_drop_word(a.f, b, h, a.heads_q), n0 + key_row0 + g, m0,
+                                 lane, keep);
+#pragma unroll
+            for (int qt = 0; qt < QT; qt++) {
+                float l2[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) l2[e] = sLs[qt * 8 + 2 * t + e];
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    float pv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int qi = m0 + qt * 8 + 2 * t + e;
+                        const int key = n0 + key_row0 + g + 8 * hr;
+                        float x, dc = 1.f;
+                        if (a.f.softcap_on) {
+                            float th;
+                            x = fc_softcap2(a.f, s[qt][2 * hr + e], &th);
+                            dc = 1.f - th * th;
+                        } else {
+                            x = s[qt][2 * hr + e] * a.scale_log2;
+                        }
+                        if (a.f.alibi_on) x -= slope2 * fabsf((float)(qi + sq.off - key));
+                        float p = fast_exp2(x - l2[e]);
+                        if (need_mask && (qi < qlo[hr] || qi >= qhi[hr])) p = 0.f;
+                        pv[e] = ((keep[2 * hr + e] >> (4 * qt)) & 1) ? p * pv_scale : 0.f;
+                        s[qt][2 * hr + e] = p * dc;
+                    }
+                    if (DO_DV) pa_f[qt / 2][(qt & 1) * 2 + hr] = pack2<BF16>(pv[0], pv[1]);
+                }
+            }
+        } else {
         /* P^T = exp2(S^T * scale log2 e - lse2[query]), masked */
         const bool need_mask = n0 + BN > a.seqlen_k ||
                                (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
@@ -246,16 +390,22 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                     s[qt][2 * hr + e] = p;
                 }
             }
+        }
 
         if (DO_DV) {
             /* dV += P^T dO */
             uint32_t pa[BM / 16][4];
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++) {
+                if constexpr (FEAT) {
+#pragma unroll
+                    for (int r = 0; r < 4; r++) pa[kc][r] = pa_f[kc][r];
+                } else {
                 pa[kc][0] = pack2<BF16>(s[2 * kc][0], s[2 * kc][1]);
                 pa[kc][1] = pack2<BF16>(s[2 * kc][2], s[2 * kc][3]);
                 pa[kc][2] = pack2<BF16>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
                 pa[kc][3] = pack2<BF16>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+                }
             }
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++)
@@ -290,6 +440,21 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                 }
             }
             /* dS^T = P^T * (dP^T - delta[query]) */
+            if constexpr (FEAT) {
+                /* with dropout dP^T is D (V dO^T); s carries the softcap derivative */
+                const float dscale = a.f.dropout_on ? a.f.drop_scale : 1.f;
+#pragma unroll
+                for (int qt = 0; qt < QT; qt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float d = sDs[qt * 8 + 2 * t + e];
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const float dpk = ((keep[2 * hr + e] >> (4 * qt)) & 1) ? dp[qt][2 * hr + e] * dscale : 0.f;
+                            dp[qt][2 * hr + e] = s[qt][2 * hr + e] * (dpk - d);
+                        }
+                    }
+            } else {
 #pragma unroll
             for (int qt = 0; qt < QT; qt++)
 #pragma unroll
@@ -299,6 +464,7 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                     for (int hr = 0; hr < 2; hr++)
                         dp[qt][2 * hr + e] = s[qt][2 * hr + e] * (dp[qt][2 * hr + e] - d);
                 }
+            }
             uint32_t dsa[BM / 16][4];
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++) {
@@ -351,8 +517,8 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                         mma_16816<BF16>(dq[2 * dt2 + 1], da, kb[2], kb[3]);
                     }
                 }
-                float *dqa = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0 + wm * 16) * a.dq_pitch +
-                             wn * DW;
+                float *dqa = a.dq_accum + ((FEAT ? fc_ws_row(a, b, h) : (int64_t)(b * a.heads_q + h) * a.nq_pad) +
+                                           m0 + wm * 16) * a.dq_pitch + wn * DW;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(FC_DQ_RED4)
                 /* Lanes t and t^1 trade half their pairs so that each holds 4 consecutive
                  * columns of one row: even t row g, odd t row g + 8; one 16-byte reduction. */
@@ -400,10 +566,10 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
         }
     __syncthreads();
     if (DO_DV)
-        store_tile<BN, D, NT>(a.dv + b * a.dv_sb + hk * a.dv_sh + (int64_t)n0 * a.dv_ss, a.dv_ss, sV,
+        store_tile<BN, D, NT>(a.dv + bt * a.dv_sb + hk * a.dv_sh + (int64_t)k_row0 * a.dv_ss, a.dv_ss, sV,
                               keys_valid, a.head_dim, tid);
     if (DO_DK)
-        store_tile<BN, D, NT>(a.dk + b * a.dk_sb + hk * a.dk_sh + (int64_t)n0 * a.dk_ss, a.dk_ss, sK,
+        store_tile<BN, D, NT>(a.dk + bt * a.dk_sb + hk * a.dk_sh + (int64_t)k_row0 * a.dk_ss, a.dk_ss, sK,
                               keys_valid, a.head_dim, tid);
 }
 
@@ -733,7 +899,7 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
 
 /* ---- deterministic dQ: a block of queries per CTA over the keys --------------------------- */
 
-template <int D, int BN, int NW, int BF16>
+template <int D, int BN, int NW, int BF16, int FEAT>
 __global__ void __launch_bounds__(NW * 32)
 fc_bwd_dq_kernel(const fc_bwd_args a)
 {
@@ -754,7 +920,7 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
     const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
     const int bh = b * a.heads_q + h;
     const int m0 = m_block * BM;
-    const int rows_valid = a.seqlen_q - m0;
+    int rows_valid = a.seqlen_q - m0;
     const uint16_t *q = a.q + b * a.q_sb + h * a.q_sh + (int64_t)m0 * a.q_ss;
     const uint16_t *dO = a.dout + b * a.do_sb + h * a.do_sh + (int64_t)m0 * a.do_ss;
     const uint16_t *k = a.k + b * a.k_sb + hk * a.k_sh;
@@ -763,10 +929,34 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
 
     int n_end = a.seqlen_k;
     if (a.causal) n_end = min(n_end, min(m0 + BM, a.seqlen_q) - 1 + a.causal_offset + 1);
-    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    int64_t ws_base = (int64_t)bh * a.nq_pad;
+
+    /* FEAT: the same for sequence b and the band of keys its rows see */
+    fc_seq sq = {};
+    int seqlen_k = a.seqlen_k, nb_lo = 0, hi_first = 0, lo_last = 0;
+    if constexpr (FEAT) {
+        sq = fc_seq_of(a, b);
+        if (m0 >= sq.nq) return;
+        seqlen_k = sq.nk;
+        rows_valid = sq.nq - m0;
+        const int64_t qr = sq.q0 + m0, kr = sq.k0;
+        q = a.q + sq.batch * a.q_sb + h * a.q_sh + qr * a.q_ss;
+        dO = a.dout + sq.batch * a.do_sb + h * a.do_sh + qr * a.do_ss;
+        k = a.k + sq.batch * a.k_sb + hk * a.k_sh + kr * a.k_ss;
+        v = a.v + sq.batch * a.v_sb + hk * a.v_sh + kr * a.v_ss;
+        dq = a.dq + sq.batch * a.dq_sb + h * a.dq_sh + qr * a.dq_ss;
+        const int last_row = min(m0 + BM, sq.nq) - 1;
+        const int n_lo = fc_key_lo(a.f, sq, m0), n_hi = fc_key_hi(a.f, sq, last_row);
+        hi_first = fc_key_hi(a.f, sq, m0);
+        lo_last = fc_key_lo(a.f, sq, last_row);
+        n_blocks = n_hi > n_lo ? (n_hi + BN - 1) / BN : 0;
+        nb_lo = n_hi > n_lo ? n_lo / BN : 0;
+        ws_base = fc_ws_row(a, b, h);
+    }
 
     const int row_base = warp * 16;
-    const int64_t ws_row = (int64_t)bh * a.nq_pad + m0 + row_base + g;
+    const int64_t ws_row = ws_base + m0 + row_base + g;
     const float l2[2] = {a.lse2[ws_row], a.lse2[ws_row + 8]};
     const float dl[2] = {a.delta[ws_row], a.delta[ws_row + 8]};
 
@@ -778,20 +968,32 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
 
     load_tile_async<BM, D, NT>(sQ, q, a.q_ss, rows_valid, a.head_dim, tid);
     load_tile_async<BM, D, NT>(sdO, dO, a.do_ss, rows_valid, a.head_dim, tid);
-    if (n_blocks > 0) {
+    float slope2 = 0.f;
+    uint64_t drop_w = 0;
+    if constexpr (FEAT) {
+        slope2 = fc_alibi_slope2(a.f, b, h);
+        drop_w = fc_drop_word(a.f, b, h, a.heads_q);
+    }
+    if constexpr (FEAT) {
+        if (n_blocks > nb_lo) {
+            const int64_t n1 = (int64_t)nb_lo * BN;
+            load_tile_async<BN, D, NT>(sK, k + n1 * a.k_ss, a.k_ss, seqlen_k - (int)n1, a.head_dim, tid);
+            load_tile_async<BN, D, NT>(sV, v + n1 * a.v_ss, a.v_ss, seqlen_k - (int)n1, a.head_dim, tid);
+        }
+    } else if (n_blocks > 0) {
         load_tile_async<BN, D, NT>(sK, k, a.k_ss, a.seqlen_k, a.head_dim, tid);
         load_tile_async<BN, D, NT>(sV, v, a.v_ss, a.seqlen_k, a.head_dim, tid);
     }
     cp_async_commit();
 
-    for (int nb = 0; nb < n_blocks; nb++) {
-        const int st = nb & 1, n0 = nb * BN;
+    for (int nb = FEAT ? nb_lo : 0; nb < n_blocks; nb++) {
+        const int st = FEAT ? (nb - nb_lo) & 1 : nb & 1, n0 = nb * BN;
         if (nb + 1 < n_blocks) {
             const int n1 = n0 + BN;
             load_tile_async<BN, D, NT>(sK + (st ^ 1) * BN * P, k + (int64_t)n1 * a.k_ss, a.k_ss,
-                                       a.seqlen_k - n1, a.head_dim, tid);
+                                       seqlen_k - n1, a.head_dim, tid);
             load_tile_async<BN, D, NT>(sV + (st ^ 1) * BN * P, v + (int64_t)n1 * a.v_ss, a.v_ss,
-                                       a.seqlen_k - n1, a.head_dim, tid);
+                                       seqlen_k - n1, a.head_dim, tid);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -822,6 +1024,38 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
                 mma_16816<BF16>(dp[2 * nt2 + 1], oa, vb[2], vb[3]);
             }
         }
+        if constexpr (FEAT) {
+            const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
+            uint32_t keep[2] = {0xffffffffu, 0xffffffffu};
+            if (a.f.dropout_on) fc_keep_rows<NTILE>(a.f, drop_w, m0 + row_base + g, n0, t, keep);
+            const float dscale = a.f.dropout_on ? a.f.drop_scale : 1.f;
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = m0 + row_base + g + 8 * hr;
+                const int lo = fc_key_lo(a.f, sq, row) - n0 - 2 * t;
+                const int hi = fc_key_hi(a.f, sq, row) - n0 - 2 * t;
+                const int d0 = row + sq.off - n0 - 2 * t;
+#pragma unroll
+                for (int nt = 0; nt < NTILE; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = nt * 8 + e;
+                        float x, dc = 1.f;
+                        if (a.f.softcap_on) {
+                            float th;
+                            x = fc_softcap2(a.f, s[nt][2 * hr + e], &th);
+                            dc = 1.f - th * th;
+                        } else {
+                            x = s[nt][2 * hr + e] * a.scale_log2;
+                        }
+                        if (a.f.alibi_on) x -= slope2 * fabsf((float)(d0 - c));
+                        float p = fast_exp2(x - l2[hr]);
+                        if (need_mask && (c < lo || c >= hi)) p = 0.f;
+                        const float dpk = ((keep[hr] >> (2 * nt + e)) & 1) ? dp[nt][2 * hr + e] * dscale : 0.f;
+                        dp[nt][2 * hr + e] = p * dc * (dpk - dl[hr]);
+                    }
+            }
+        } else {
         const bool need_mask = n0 + BN > a.seqlen_k || (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -836,6 +1070,7 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
                     if (need_mask && n0 + nt * 8 + 2 * t + e >= key_end) p = 0.f;
                     dp[nt][2 * hr + e] = p * (dp[nt][2 * hr + e] - dl[hr]);
                 }
+        }
         }
         /* dQ += dS K */
 #pragma unroll
@@ -873,7 +1108,7 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
 
 /* ---- dq_accum (fp32) * scale -> dQ --------------------------------------------------------- */
 
-template <int BF16>
+template <int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_args a, int batch)
 {
     /* one thread per 8 columns of a row */
@@ -885,7 +1120,12 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     const int ch = (int)(id - row * chunks);
     const int bh = (int)(row / a.seqlen_q), i = (int)(row - (int64_t)bh * a.seqlen_q);
     const int b = bh / a.heads_q, h = bh - b * a.heads_q;
-    const float *src = a.dq_accum + ((int64_t)bh * a.nq_pad + i) * a.dq_pitch + ch * 8;
+    int64_t ws_at = (int64_t)bh * a.nq_pad + i;
+    if (FEAT && a.f.varlen) { /* batch 1: bh is the head, i the token */
+        const int sb = fc_seq_of_token(a.f, i);
+        ws_at = (int64_t)bh * a.nq_pad + fc_ws_seq_start(a.f, sb) + (i - a.f.cu_q[sb]);
+    }
+    const float *src = a.dq_accum + ws_at * a.dq_pitch + ch * 8;
     const float4 x = *(const float4 *)src, y = *(const float4 *)(src + 4);
     uint4 out;
     out.x = pack2<BF16>(x.x * a.scale, x.y * a.scale);
@@ -973,6 +1213,12 @@ static size_t fc_bwd_smem_bytes_first(int kernel_head_dim, int deterministic)
     return 0;
 }
 
+/* The feature backward always runs the first kernel (and the deterministic dQ kernel). */
+size_t fc_bwd_feat_smem_bytes(int kernel_head_dim, int deterministic)
+{
+    return fc_bwd_smem_bytes_first(kernel_head_dim, deterministic);
+}
+
 size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_optin, int sm_major)
 {
     if (kernel_head_dim > 128) return fc_bwd_smem_bytes_first(kernel_head_dim, deterministic);
@@ -994,27 +1240,34 @@ static cudaError_t set_smem(K kernel, size_t bytes)
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <int BF16>
+template <int BF16, int FEAT = 0>
 static cudaError_t launch_bwd_prep(const fc_bwd_args &a, int batch, cudaStream_t stream)
 {
-    const int64_t prep_rows = (int64_t)batch * a.heads_q * a.nq_pad;
-    fc_bwd_prep_kernel<BF16><<<(unsigned)((prep_rows + 7) / 8), 256, 0, stream>>>(a, batch);
+    /* varlen: one row per (head, token); the launcher zeroed the rows between sequences */
+    const int64_t prep_rows = FEAT && a.f.varlen ? (int64_t)a.heads_q * a.seqlen_q
+                                                 : (int64_t)batch * a.heads_q * a.nq_pad;
+    fc_bwd_prep_kernel<BF16, FEAT><<<(unsigned)((prep_rows + 7) / 8), 256, 0, stream>>>(a, batch);
     return cudaGetLastError();
 }
 
 /* After the dK/dV kernel: the deterministic dQ kernel, or the dq_accum conversion. */
-template <int D, int DQBN, int DQNW, int BF16>
+template <int D, int DQBN, int DQNW, int BF16, int FEAT = 0>
 static cudaError_t launch_bwd_dq(const fc_bwd_args &a, int batch, int deterministic, cudaStream_t stream)
 {
     cudaError_t err;
     if (deterministic) {
         const size_t s2 = dq_smem(D, DQBN, DQNW);
-        if ((err = set_smem(fc_bwd_dq_kernel<D, DQBN, DQNW, BF16>, s2)) != cudaSuccess) return err;
-        dim3 g2((a.seqlen_q + 16 * DQNW - 1) / (16 * DQNW), (unsigned)a.heads_q, (unsigned)batch);
-        fc_bwd_dq_kernel<D, DQBN, DQNW, BF16><<<g2, DQNW * 32, s2, stream>>>(a);
+        if ((err = set_smem(fc_bwd_dq_kernel<D, DQBN, DQNW, BF16, FEAT>, s2)) != cudaSuccess) return err;
+        const int rows = FEAT && a.f.varlen ? a.f.max_seqlen_q : a.seqlen_q;
+        if (rows == 0) return cudaSuccess;
+        dim3 g2((rows + 16 * DQNW - 1) / (16 * DQNW), (unsigned)a.heads_q, (unsigned)batch);
+        fc_bwd_dq_kernel<D, DQBN, DQNW, BF16, FEAT><<<g2, DQNW * 32, s2, stream>>>(a);
     } else {
-        const int64_t n = (int64_t)batch * a.heads_q * a.seqlen_q * ((a.head_dim + 7) / 8);
-        fc_bwd_dq_convert_kernel<BF16><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, batch);
+        /* varlen: batch 1 over the packed tokens (batch is then the number of sequences) */
+        const int64_t n = (int64_t)(FEAT && a.f.varlen ? 1 : batch) * a.heads_q * a.seqlen_q *
+                          ((a.head_dim + 7) / 8);
+        fc_bwd_dq_convert_kernel<BF16, FEAT><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+            a, FEAT && a.f.varlen ? 1 : batch);
     }
     return cudaGetLastError();
 }
@@ -1037,34 +1290,46 @@ static cudaError_t launch_bwd_tiled(const fc_bwd_args *a0, int batch, int determ
     return launch_bwd_dq<D, DQBN, DQNW, BF16>(a, batch, deterministic, stream);
 }
 
-template <int D, int BM, int NW, int SPLIT, int DQBN, int DQNW, int BF16>
+template <int D, int BM, int NW, int SPLIT, int DQBN, int DQNW, int BF16, int FEAT = 0>
 static cudaError_t launch_bwd_cfg(const fc_bwd_args *a0, int batch, int deterministic,
                                   cudaStream_t stream)
 {
     fc_bwd_args a = *a0;
     cudaError_t err;
-    if ((err = launch_bwd_prep<BF16>(a, batch, stream)) != cudaSuccess) return err;
+    if ((err = launch_bwd_prep<BF16, FEAT>(a, batch, stream)) != cudaSuccess) return err;
 
     const size_t smem = dkdv_smem(D, BM, NW);
-    dim3 grid((a.seqlen_k + 16 * NW - 1) / (16 * NW), (unsigned)a.heads_kv, (unsigned)batch);
+    const int keys = FEAT && a.f.varlen ? a.f.max_seqlen_k : a.seqlen_k;
+    dim3 grid((keys + 16 * NW - 1) / (16 * NW), (unsigned)a.heads_kv, (unsigned)batch);
     a.compute_dq = !deterministic;
-    if constexpr (SPLIT != 0) {
-        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1>, smem)) != cudaSuccess) return err;
-        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2>, smem)) != cudaSuccess) return err;
-        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1><<<grid, NW * 32, smem, stream>>>(a);
+    if (keys > 0) {
+        if constexpr (SPLIT != 0) {
+            if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1, FEAT>, smem)) != cudaSuccess) return err;
+            if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2, FEAT>, smem)) != cudaSuccess) return err;
+            fc_bwd_dkdv_kernel<D, BM, NW, BF16, 1, FEAT><<<grid, NW * 32, smem, stream>>>(a);
+            if ((err = cudaGetLastError()) != cudaSuccess) return err;
+            fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2, FEAT><<<grid, NW * 32, smem, stream>>>(a);
+        } else {
+            if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0, FEAT>, smem)) != cudaSuccess) return err;
+            fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0, FEAT><<<grid, NW * 32, smem, stream>>>(a);
+        }
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 2><<<grid, NW * 32, smem, stream>>>(a);
-    } else {
-        if ((err = set_smem(fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0>, smem)) != cudaSuccess) return err;
-        fc_bwd_dkdv_kernel<D, BM, NW, BF16, 0><<<grid, NW * 32, smem, stream>>>(a);
     }
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    return launch_bwd_dq<D, DQBN, DQNW, BF16>(a, batch, deterministic, stream);
+    return launch_bwd_dq<D, DQBN, DQNW, BF16, FEAT>(a, batch, deterministic, stream);
 }
 
 cudaError_t fc_launch_bwd(const fc_bwd_args *a, int kernel_head_dim, int bf16, int batch,
                           int deterministic, size_t smem_optin, int sm_major, cudaStream_t stream)
 {
+    if (a->f.on) {
+#define X(D_, BM_, NW_, SPLIT_, DQBN_, DQNW_)                                                     \
+        if (kernel_head_dim == D_)                                                                \
+            return bf16 ? launch_bwd_cfg<D_, BM_, NW_, SPLIT_, DQBN_, DQNW_, 1, 1>(a, batch, deterministic, stream) \
+                        : launch_bwd_cfg<D_, BM_, NW_, SPLIT_, DQBN_, DQNW_, 0, 1>(a, batch, deterministic, stream);
+        FC_BWD_CONFIGS(X)
+#undef X
+        return cudaErrorInvalidValue;
+    }
 #define X(D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_)                                                \
     if (kernel_head_dim == D_) {                                                                       \
         const int c = tiled_choice(D_, BM_, BN_, deterministic, smem_optin, sm_major);                 \

@@ -20,6 +20,28 @@
 
 #define FC_PAD 8 /* elements of padding per shared-memory row */
 
+/* The features of flashc.h beyond plain attention, for the kernels compiled with them (the
+ * plain kernels never read this). Appended last to both argument structs, so that the plain
+ * kernels see every other field where they always did. */
+typedef struct fc_feat {
+    uint32_t on;                /* FLASHC_FEATURE_* bits; 0 = the plain kernels */
+    int varlen;                 /* cu_seqlens: sequence b = blockIdx.z is a segment of batch 0 */
+    const int32_t *cu_q, *cu_k; /* num_seqs + 1 device prefix sums */
+    int num_seqs, max_seqlen_q, max_seqlen_k;
+    int top_left;               /* diagonal offset 0 (causal top-left) instead of nk - nq */
+    /* query i of a sequence sees key j when j >= i + off - left (has_left) and
+     * j <= i + off + right (has_right): causal and the window folded into one band */
+    int has_left, has_right, left, right;
+    int softcap_on, alibi_on, dropout_on;
+    float softcap_pre;          /* scale / softcap: tanh's argument from a raw q.k */
+    float softcap_log2;         /* softcap * log2(e) */
+    const float *alibi;         /* slope of (sequence b, head h) at b * alibi_sb + h */
+    int64_t alibi_sb;
+    uint32_t drop_threshold;    /* keep when the Philox draw >= this */
+    uint64_t drop_seed, drop_offset;
+    float drop_scale;           /* 1 / (1 - p) */
+} fc_feat;
+
 /* Forward: O = softmax(scale Q K^T) V and LSE, for one (batch, query head) per grid row. */
 typedef struct fc_fwd_args {
     const uint16_t *q, *k, *v;
@@ -32,6 +54,7 @@ typedef struct fc_fwd_args {
     float scale_log2;  /* softmax scale * log2(e): scores live in the log2 domain */
     int causal;        /* nonzero: query i sees key j when j <= i + causal_offset */
     int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
+    fc_feat f;
 } fc_fwd_args;
 
 /* Backward. The workspace holds per (batch, query head) rows padded to nq_pad:
@@ -52,6 +75,8 @@ typedef struct fc_bwd_args {
     int causal, causal_offset;
     int compute_dq;  /* the dK/dV kernel also adds dS K into dq_accum with atomics */
     int dq_bulk;     /* (sm_90) ... through shared memory and bulk reductions instead */
+    fc_feat f;       /* varlen: the workspace rows of (sequence b, head h) start at
+                        h * nq_pad + fc_ws_seq_start(b), see features.cuh */
 } fc_bwd_args;
 
 #define FC_NQ_PAD_MULTIPLE 128
@@ -140,14 +165,21 @@ static __device__ __forceinline__ void store_zero_tile(uint16_t *g, int64_t row_
 
 /* ---- host side: launchers (fwd_sm80.cu, bwd_sm80.cu) ------------------------------------ */
 
+struct flashc_problem;
+
+/* The fc_feat of a validated problem (all zero when it uses no feature). */
+void fc_feat_from_problem(fc_feat *f, const struct flashc_problem *pr);
+
 /* The head dim a kernel is compiled for that serves a requested head dim (0 = none). */
 int fc_kernel_head_dim(int head_dim);
 
 /* Dynamic shared memory the forward / backward kernels need, for the device-limit check. */
 size_t fc_fwd_smem_bytes(int kernel_head_dim);
 size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_optin, int sm_major);
+size_t fc_bwd_feat_smem_bytes(int kernel_head_dim, int deterministic);
 
-/* Each returns the CUDA error of the launches (cudaSuccess when all were accepted). */
+/* Each returns the CUDA error of the launches (cudaSuccess when all were accepted). batch is
+ * the number of sequences; a->f.on picks the feature kernels. */
 cudaError_t fc_launch_fwd(const fc_fwd_args *a, int kernel_head_dim, int bf16, int batch,
                           cudaStream_t stream);
 cudaError_t fc_launch_bwd(const fc_bwd_args *a, int kernel_head_dim, int bf16, int batch,

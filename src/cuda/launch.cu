@@ -132,7 +132,23 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
     if (pr->heads_q > 65535 || pr->batch > 65535)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "cuda: batch and heads must each be at most 65535 (grid limits)");
-    size_t need = backward ? fc_bwd_smem_bytes(*kernel_d, pr->deterministic, s->smem_optin, s->sm_major)
+    if ((pr->features & FLASHC_FEATURE_VARLEN) && pr->num_seqs > 65535)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED,
+                            "cuda: num_seqs %lld is above 65535 (grid limit)", (long long)pr->num_seqs);
+    /* the sequences' offsets and the slopes live in device memory: api.c could not read
+     * them, so at least make sure a kernel can */
+    flashc_status st = FLASHC_OK;
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        if ((st = fc_check_device_pointer(s, pr->cu_seqlens_q, "params.cu_seqlens_q")) != FLASHC_OK ||
+            (st = fc_check_device_pointer(s, pr->cu_seqlens_k, "params.cu_seqlens_k")) != FLASHC_OK)
+            return st;
+    }
+    if ((pr->features & FLASHC_FEATURE_ALIBI) &&
+        (st = fc_check_device_pointer(s, pr->alibi_slopes, "params.alibi_slopes")) != FLASHC_OK)
+        return st;
+    size_t need = backward ? (pr->features ? fc_bwd_feat_smem_bytes(*kernel_d, pr->deterministic)
+                                           : fc_bwd_smem_bytes(*kernel_d, pr->deterministic,
+                                                               s->smem_optin, s->sm_major))
                            : fc_fwd_smem_bytes(*kernel_d);
     if (need > s->smem_optin)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
@@ -211,12 +227,13 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
     a.scale_log2 = pr->scale * 1.4426950408889634f;
     a.causal = pr->causal != FLASHC_CAUSAL_NONE;
     a.causal_offset = (int)flashc_causal_offset(pr);
+    fc_feat_from_problem(&a.f, pr);
 
     cudaError_t err = cudaSuccess;
 #ifdef FLASHC_HAVE_SM90
     if (!try_sm90_forward(s, pr, q, k, v, out, lse, &err))
 #endif
-        err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch,
+        err = fc_launch_fwd(&a, kd, pr->dtype == FLASHC_BF16, (int)flashc_num_seqs(pr),
                             (cudaStream_t)pr->stream);
     fc_guard_leave(&guard);
     if (err != cudaSuccess) return fc_cuda_error(err, "forward kernel launch");
@@ -240,6 +257,9 @@ static bwd_layout workspace_layout(const flashc_problem *pr)
     bwd_layout l;
     const int kd = fc_kernel_head_dim((int)pr->head_dim);
     l.nq_pad = (pr->seqlen_q + FC_NQ_PAD_MULTIPLE - 1) / FC_NQ_PAD_MULTIPLE * FC_NQ_PAD_MULTIPLE;
+    if (pr->features & FLASHC_FEATURE_VARLEN) /* per head: the packed sequences, each padded
+                                                 (features.cuh, fc_ws_seq_start) */
+        l.nq_pad = (pr->seqlen_q + 128 * pr->num_seqs + 127) / 128 * 128;
     const size_t rows = (size_t)pr->batch * (size_t)pr->heads_q * (size_t)l.nq_pad;
     l.lse2_off = 0;
     l.delta_off = align_up(rows * sizeof(float), 256);
@@ -343,14 +363,21 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
     a.scale_log2 = pr->scale * 1.4426950408889634f;
     a.causal = pr->causal != FLASHC_CAUSAL_NONE;
     a.causal_offset = (int)flashc_causal_offset(pr);
+    fc_feat_from_problem(&a.f, pr);
 
     const char *what = "backward kernel launch";
-    if (!pr->deterministic) {
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        /* the rows between the sequences, which the kernels read as padding: LSE and delta 0
+         * (finite, so that a masked entry's dS stays 0) */
+        err = cudaMemsetAsync(ws, 0, lay.dq_off, stream);
+        what = "cudaMemsetAsync (backward workspace)";
+    }
+    if (err == cudaSuccess && !pr->deterministic) {
         err = cudaMemsetAsync(ws + lay.dq_off, 0, lay.total - lay.dq_off, stream);
         what = "cudaMemsetAsync (dQ accumulator)";
     }
     if (err == cudaSuccess) {
-        err = fc_launch_bwd(&a, kd, pr->dtype == FLASHC_BF16, (int)pr->batch, pr->deterministic != 0,
+        err = fc_launch_bwd(&a, kd, pr->dtype == FLASHC_BF16, (int)flashc_num_seqs(pr), pr->deterministic != 0,
                             s->smem_optin, s->sm_major, stream);
         what = "backward kernel launch";
     }
@@ -430,6 +457,7 @@ extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
     cuda_memcpy,
     cuda_synchronize,
     fc_cuda_merge,
-    0,    /* features */
+    FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI | FLASHC_FEATURE_VARLEN |
+        FLASHC_FEATURE_DROPOUT, /* features */
     fc_cuda_forward_kvcache,
 };
