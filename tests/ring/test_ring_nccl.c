@@ -265,7 +265,9 @@ static int g_timeout = 600;
 static void on_alarm(int sig)
 {
     (void)sig;
-    static const char m[] = "HANG: a ring call did not return within the watchdog's time\n";
+    static const char m[] = "HANG: a ring call did not return within the watchdog's time (if "
+                            "CUDA_MODULE_LOADING=EAGER makes it pass, a lazy kernel load waited "
+                            "on a transfer)\n";
     ssize_t w = write(2, m, sizeof m - 1);
     (void)w;
     _exit(3);
@@ -436,33 +438,30 @@ static void *rank_case(void *arg)
     const int64_t n = local_rows(c->causal != FLASHC_CAUSAL_NONE, N, g_world, x->rank, rows);
     const int64_t heads[T_N] = {Hq, Hkv, Hkv, Hq, Hq, Hq, Hkv, Hkv};
     const uint16_t *src[T_N] = {jb->q, jb->k, jb->v, jb->dout, NULL, NULL, NULL, NULL};
+    /* a rank whose setup fails still takes part in the ring calls: its NULL tensors are
+     * refused by its own checks and every rank returns the error, none is left waiting */
     for (int i = 0; i < T_N; i++) {
         vw[i] = make_view(dt, c->layout, B, n, heads[i], D);
         host[i] = host_local(&vw[i], src[i], N, rows);
-        if (!host[i]) {
+        if (!host[i])
             fail(x, "host out of memory");
-            goto done;
-        }
-        dev[i] = to_device(x, host[i], vw[i].extent * 2); /* outputs: NaN everywhere */
+        else
+            dev[i] = to_device(x, host[i], vw[i].extent * 2); /* outputs: NaN everywhere */
         vw[i].t.data = dev[i];
     }
     vl = make_lse_view(c->layout, B, Hq, n);
     hlse = malloc(vl.extent * sizeof(float));
-    if (!hlse) {
+    if (hlse) {
+        for (size_t i = 0; i < vl.extent; i++)
+            hlse[i] = NAN;
+        dlse = to_device(x, hlse, vl.extent * sizeof(float));
+    } else {
         fail(x, "host out of memory");
-        goto done;
     }
-    for (size_t i = 0; i < vl.extent; i++)
-        hlse[i] = NAN;
-    dlse = to_device(x, hlse, vl.extent * sizeof(float));
     vl.t.data = dlse;
-    if (x->failed)
-        goto done;
     /* the legacy stream's uploads are complete before the ring's non-blocking stream reads */
-    if (cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaDeviceSynchronize() != cudaSuccess)
         fail(x, "cudaDeviceSynchronize after the uploads failed");
-        goto done;
-    }
 
     flashc_status st = flashc_ring_forward_nccl(x->comm, x->stream, x->be, &jb->p, N, &vw[T_Q].t,
                                                 &vw[T_K].t, &vw[T_V].t, &vw[T_O].t, &vl.t);
@@ -477,32 +476,27 @@ static void *rank_case(void *arg)
         fail(x, "ring backward: %s: %s", flashc_status_string(st), flashc_ring_last_error());
         goto done;
     }
-    if (cudaStreamSynchronize(x->stream) != cudaSuccess) {
+    if (cudaStreamSynchronize(x->stream) != cudaSuccess)
         fail(x, "cudaStreamSynchronize after the ring failed");
-        goto done;
+    if (!x->failed) {
+        for (int i = T_O; i < T_N; i++)
+            to_host(x, host[i], dev[i], vw[i].extent * 2);
+        to_host(x, hlse, dlse, vl.extent * sizeof(float));
     }
-    for (int i = T_O; i < T_N; i++)
-        to_host(x, host[i], dev[i], vw[i].extent * 2);
-    to_host(x, hlse, dlse, vl.extent * sizeof(float));
-    if (x->failed)
-        goto done;
 
     if (c->deterministic) { /* the same bits from a second backward into re-poisoned outputs */
         for (int i = 0; i < 3; i++) {
             const view *w = &vw[T_DQ + i];
             again[i] = host_local(w, NULL, N, rows);
-            if (!again[i]) {
+            if (!again[i])
                 fail(x, "host out of memory");
-                goto done;
-            }
-            if (flashc_backend_memcpy(x->be, dev[T_DQ + i], again[i], w->extent * 2,
-                                      FLASHC_COPY_TO_BACKEND) != FLASHC_OK)
+            else if (flashc_backend_memcpy(x->be, dev[T_DQ + i], again[i], w->extent * 2,
+                                           FLASHC_COPY_TO_BACKEND) != FLASHC_OK)
                 fail(x, "copy to the device: %s", flashc_last_error());
         }
-        if (x->failed || cudaDeviceSynchronize() != cudaSuccess) {
+        if (cudaDeviceSynchronize() != cudaSuccess)
             fail(x, "re-poisoning the gradients failed");
-            goto done;
-        }
+        /* called whatever happened above, since the other ranks call it too */
         st = flashc_ring_backward_nccl(x->comm, x->stream, x->be, &jb->p, N, &vw[T_DO].t,
                                        &vw[T_Q].t, &vw[T_K].t, &vw[T_V].t, &vw[T_O].t, &vl.t,
                                        &vw[T_DQ].t, &vw[T_DK].t, &vw[T_DV].t);
@@ -511,12 +505,14 @@ static void *rank_case(void *arg)
                  flashc_ring_last_error());
             goto done;
         }
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 3 && !x->failed; i++) {
             to_host(x, again[i], dev[T_DQ + i], vw[T_DQ + i].extent * 2);
             if (memcmp(again[i], host[T_DQ + i], vw[T_DQ + i].extent * 2) != 0)
                 x->det_differs = 1;
         }
     }
+    if (x->failed)
+        goto done;
 
     scatter(x, &vw[T_O], host[T_O], jb->o, N, rows);
     scatter_lse(x, &vl, hlse, jb->lse, N, rows);
