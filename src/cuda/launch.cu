@@ -14,6 +14,7 @@
 #include "decode.h"
 #include "runtime.h"
 #ifdef FLASHC_HAVE_SM90
+#include "hopper/bwd_sm90.h"
 #include "hopper/fwd_sm90.h"
 #endif
 
@@ -108,7 +109,7 @@ static void cuda_describe(void *state, char *buf, size_t size)
     const fc_cuda_state *s = (const fc_cuda_state *)state;
     snprintf(buf, size, "cuda: device %d, %s (sm_%d%d, %d SMs), %s", s->device, s->name,
              s->sm_major, s->sm_minor, s->num_sms,
-             s->use_wgmma ? "wgmma forward for head dims 40..256, mma.sync kernels otherwise"
+             s->use_wgmma ? "wgmma forward (head dims 40..256) and backward (64, 128), mma.sync kernels otherwise"
                           : "mma.sync kernels");
 }
 
@@ -268,11 +269,95 @@ static bwd_layout workspace_layout(const flashc_problem *pr)
     return l;
 }
 
+#ifdef FLASHC_HAVE_SM90
+/* Runs the backward on the Hopper kernels when they serve the call (plain attention, head dim
+ * 64 or 128, TMA-compatible views), with their own workspace layout: returns 1 with *st set,
+ * or 0 to use mma.sync. */
+static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
+                             const flashc_tensor *dout, const flashc_tensor *q,
+                             const flashc_tensor *k, const flashc_tensor *v,
+                             const flashc_tensor *out, const flashc_tensor *lse, flashc_tensor *dq,
+                             flashc_tensor *dk, flashc_tensor *dv, flashc_status *st)
+{
+    if (!s->use_wgmma || pr->features != 0) return 0;
+    fc_sm90_bwd_args h;
+    memset(&h, 0, sizeof h);
+    h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
+    h.lse = (const float *)lse->data;
+    h.dq = dq->data, h.dk = dk->data, h.dv = dv->data;
+    h.q_sb = q->stride[0], h.q_ss = q->stride[1], h.q_sh = q->stride[2];
+    h.k_sb = k->stride[0], h.k_ss = k->stride[1], h.k_sh = k->stride[2];
+    h.v_sb = v->stride[0], h.v_ss = v->stride[1], h.v_sh = v->stride[2];
+    h.o_sb = out->stride[0], h.o_ss = out->stride[1], h.o_sh = out->stride[2];
+    h.do_sb = dout->stride[0], h.do_ss = dout->stride[1], h.do_sh = dout->stride[2];
+    h.dq_sb = dq->stride[0], h.dq_ss = dq->stride[1], h.dq_sh = dq->stride[2];
+    h.dk_sb = dk->stride[0], h.dk_ss = dk->stride[1], h.dk_sh = dk->stride[2];
+    h.dv_sb = dv->stride[0], h.dv_ss = dv->stride[1], h.dv_sh = dv->stride[2];
+    h.lse_sb = lse->stride[0], h.lse_sh = lse->stride[1], h.lse_ss = lse->stride[2];
+    h.batch = (int)pr->batch;
+    h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
+    h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
+    h.head_dim = (int)pr->head_dim;
+    h.bf16 = pr->dtype == FLASHC_BF16;
+    h.scale = pr->scale;
+    h.causal = pr->causal;
+    h.deterministic = pr->deterministic != 0;
+    if (!fc_sm90_backward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
+    const size_t need = fc_sm90_backward_workspace_size(&h);
+    cudaStream_t stream = (cudaStream_t)pr->stream;
+    void *ws = pr->workspace;
+    if (ws) {
+        /* A caller's workspace the kernels cannot use (too small for this layout, or not
+         * 256-byte aligned) goes to the mma.sync path, which checks it itself. */
+        if (pr->workspace_size < need || (uintptr_t)ws % 256 != 0) return 0;
+        if ((*st = fc_check_device_pointer(s, ws, "workspace")) != FLASHC_OK) return 1;
+    } else {
+        cudaError_t err = cudaMallocAsync(&ws, need, stream);
+        if (err != cudaSuccess) {
+            *st = fc_cuda_error(err, "cudaMallocAsync (backward workspace)");
+            return 1;
+        }
+    }
+    h.workspace = ws;
+    h.workspace_bytes = need;
+    cudaError_t err = fc_sm90_backward(&h, stream);
+    const char *what = "backward kernel launch (sm_90a)";
+    if (!pr->workspace) {
+        const cudaError_t err2 = cudaFreeAsync(ws, stream);
+        if (err == cudaSuccess && err2 != cudaSuccess) {
+            err = err2;
+            what = "cudaFreeAsync (backward workspace)";
+        }
+    }
+    *st = err == cudaSuccess ? FLASHC_OK : fc_cuda_error(err, what);
+    return 1;
+}
+#endif
+
 static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr)
 {
-    (void)state;
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
     if (fc_kernel_head_dim((int)pr->head_dim) == 0) return 0;
-    return workspace_layout(pr).total;
+    size_t total = workspace_layout(pr).total;
+#ifdef FLASHC_HAVE_SM90
+    /* Enough for either path: which one runs depends on the views, known only at the call. */
+    if (s && s->use_wgmma && pr->features == 0) {
+        fc_sm90_bwd_args h;
+        memset(&h, 0, sizeof h);
+        h.batch = (int)pr->batch;
+        h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
+        h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
+        h.head_dim = (int)pr->head_dim;
+        h.deterministic = pr->deterministic != 0;
+        if (fc_sm90_backward_smem_bytes(h.head_dim) != 0) {
+            const size_t need = fc_sm90_backward_workspace_size(&h);
+            if (need > total) total = need;
+        }
+    }
+#else
+    (void)s;
+#endif
+    return total;
 }
 
 static flashc_status cuda_backward(void *state, const flashc_problem *pr, const flashc_tensor *dout,
@@ -296,6 +381,12 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
         fc_guard_leave(&guard);
         return st;
     }
+#ifdef FLASHC_HAVE_SM90
+    if (try_sm90_backward(s, pr, dout, q, k, v, out, lse, dq, dk, dv, &st)) {
+        fc_guard_leave(&guard);
+        return st;
+    }
+#endif
 
     const bwd_layout lay = workspace_layout(pr);
     cudaStream_t stream = (cudaStream_t)pr->stream;
