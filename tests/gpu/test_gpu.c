@@ -11,6 +11,13 @@
  * outside a view may change. The seed checks compare elementwise with their own atol/rtol.
  * Deterministic cases run the backward twice and require bitwise-equal gradients.
  *
+ * The feature cases (sliding window, softcap, ALiBi per head or per sequence, dropout,
+ * variable-length batches with empty and single-row sequences, and their combinations) go
+ * through the same comparison: the reference gets the same parameters with host copies of
+ * the offsets and slopes. Dropout is compared with the same seed against the reference, which
+ * draws the same keep bits, and its cases run the forward twice (and the deterministic
+ * backward twice) to require bitwise-equal results.
+ *
  *     test_gpu [--small] [--threads N] [--filter SUBSTRING]
  *
  * --small runs a few small shapes that reach every kernel, for compute-sanitizer.
@@ -41,6 +48,16 @@ typedef struct gpu_case {
     int deterministic;
     double atol, rtol; /* > 0: an elementwise seed check instead of the relative-error bar */
     int check_lse;     /* seed checks: compare LSE too */
+    /* features (window -1 = unbounded) */
+    int window_left, window_right;
+    float softcap;
+    int alibi;                   /* 0 off, 1 one slope per head, 2 per (sequence, head) */
+    float dropout_p;
+    uint64_t dropout_seed, dropout_offset;
+    int nseq;                    /* > 0: varlen, lq / lk the sequence lengths */
+    int32_t lq[8], lk[8];
+    int max_given;               /* varlen: pass the exact max_seqlen (else 0: flashc's bound) */
+    int repeat;                  /* run the forward twice: the same bits */
     /* results */
     double rel[T_COUNT], maxabs[T_COUNT];
     int ok, ran;
@@ -282,15 +299,19 @@ static void run_case(gpu_case *c, uint64_t seed)
              *gdk = (uint16_t *)malloc(vk.extent * 2), *gdv = (uint16_t *)malloc(vk.extent * 2),
              *gdq2 = (uint16_t *)malloc(vq.extent * 2), *gdk2 = (uint16_t *)malloc(vk.extent * 2),
              *gdv2 = (uint16_t *)malloc(vk.extent * 2);
-    float *glse = (float *)malloc(nl * 4);
+    float *glse = (float *)malloc(nl * 4), *glse2 = (float *)malloc(nl * 4);
+    uint16_t *go2 = (uint16_t *)malloc(vq.extent * 2);
     float *ro = (float *)malloc(nq * 4), *rlse = (float *)malloc(nl * 4), *rdq = (float *)malloc(nq * 4),
           *rdk = (float *)malloc(nk * 4), *rdv = (float *)malloc(nk * 4);
     void *dq_ = NULL, *dk_ = NULL, *dv_ = NULL, *ddo = NULL, *dout = NULL, *dlse = NULL, *ddq = NULL,
-         *ddk = NULL, *ddv = NULL;
+         *ddk = NULL, *ddv = NULL, *dcuq = NULL, *dcuk = NULL, *dslopes = NULL;
+    int32_t cuq[9] = {0}, cuk[9] = {0}, maxq = 0, maxk = 0;
+    const int64_t n_slopes = (c->alibi == 2 ? (c->nseq ? c->nseq : B) : 1) * Hq;
+    float *slopes = (float *)malloc((size_t)n_slopes * sizeof(float));
     flashc_backend *ref = NULL;
     c->ok = 0;
     if (!hq || !hk || !hv || !hdo || !poison_q || !poison_k || !poison_l || !go || !gdq || !gdk || !gdv ||
-        !gdq2 || !gdk2 || !gdv2 || !glse || !ro || !rlse || !rdq || !rdk || !rdv) {
+        !gdq2 || !gdk2 || !gdv2 || !glse || !ro || !rlse || !rdq || !rdk || !rdv || !glse2 || !go2 || !slopes) {
         snprintf(c->msg, sizeof c->msg, "host out of memory");
         goto done;
     }
@@ -306,12 +327,36 @@ static void run_case(gpu_case *c, uint64_t seed)
         !dev_alloc_copy(&ddk, poison_k, vk.extent * 2, c, "dk") ||
         !dev_alloc_copy(&ddv, poison_k, vk.extent * 2, c, "dv"))
         goto done;
+    for (int b = 0; b < c->nseq; b++) {
+        cuq[b + 1] = cuq[b] + c->lq[b], cuk[b + 1] = cuk[b] + c->lk[b];
+        maxq = c->lq[b] > maxq ? c->lq[b] : maxq, maxk = c->lk[b] > maxk ? c->lk[b] : maxk;
+    }
+    /* ALiBi slopes in the usual geometric series, varied per sequence when per-sequence */
+    for (int64_t i = 0; i < n_slopes; i++)
+        slopes[i] = (float)(pow(2.0, -8.0 * (double)(i % Hq + 1) / (double)Hq) * (1.0 + 0.25 * (double)(i / Hq)));
+    if (c->nseq && (!dev_alloc_copy(&dcuq, cuq, (size_t)(c->nseq + 1) * 4, c, "cu_seqlens_q") ||
+                    !dev_alloc_copy(&dcuk, cuk, (size_t)(c->nseq + 1) * 4, c, "cu_seqlens_k")))
+        goto done;
+    if (c->alibi && !dev_alloc_copy(&dslopes, slopes, (size_t)n_slopes * sizeof(float), c, "alibi_slopes"))
+        goto done;
 
     flashc_params p;
     flashc_params_init(&p);
     p.causal = c->causal;
     p.softmax_scale = c->scale;
     p.deterministic = c->deterministic;
+    p.window_left = c->window_left, p.window_right = c->window_right;
+    p.softcap = c->softcap;
+    p.dropout_p = c->dropout_p, p.dropout_seed = c->dropout_seed, p.dropout_offset = c->dropout_offset;
+    if (c->alibi) {
+        p.alibi_slopes = (const float *)dslopes;
+        p.alibi_slopes_batch_stride = c->alibi == 2 ? Hq : 0;
+    }
+    if (c->nseq) {
+        p.cu_seqlens_q = (const int32_t *)dcuq, p.cu_seqlens_k = (const int32_t *)dcuk;
+        p.num_seqs = c->nseq;
+        if (c->max_given) p.max_seqlen_q = maxq, p.max_seqlen_k = maxk;
+    }
     flashc_tensor tq = vq.t, tk = vk.t, tv = vv.t, to = vo.t, tdo = vdo.t, tdq = vdq.t, tdk = vdk.t, tdv = vdv.t;
     tq.data = dq_, tk.data = dk_, tv.data = dv_, to.data = dout, tdo.data = ddo, tdq.data = ddq, tdk.data = ddk,
     tdv.data = ddv;
@@ -332,7 +377,19 @@ static void run_case(gpu_case *c, uint64_t seed)
         !to_host(gdq, ddq, vq.extent * 2, c) || !to_host(gdk, ddk, vk.extent * 2, c) ||
         !to_host(gdv, ddv, vk.extent * 2, c))
         goto done;
-    int det_ok = 1;
+    int det_ok = 1, rep_ok = 1;
+    if (c->repeat) { /* a second forward into re-poisoned outputs must give the same bits */
+        if (flashc_backend_memcpy(g_cuda, dout, poison_q, vq.extent * 2, FLASHC_COPY_TO_BACKEND) != FLASHC_OK ||
+            flashc_backend_memcpy(g_cuda, dlse, poison_l, nl * 4, FLASHC_COPY_TO_BACKEND) != FLASHC_OK ||
+            flashc_forward(g_cuda, &p, &tq, &tk, &tv, &to, &tl) != FLASHC_OK ||
+            flashc_backend_synchronize(g_cuda, NULL) != FLASHC_OK) {
+            snprintf(c->msg, sizeof c->msg, "cuda forward (2nd): %s", flashc_last_error());
+            goto done;
+        }
+        if (!to_host(go2, dout, vq.extent * 2, c) || !to_host(glse2, dlse, nl * 4, c))
+            goto done;
+        rep_ok = !memcmp(go, go2, vq.extent * 2) && !memcmp(glse, glse2, nl * 4);
+    }
     if (c->deterministic) { /* a second backward must give the same bits */
         flashc_backend_memcpy(g_cuda, ddq, poison_q, vq.extent * 2, FLASHC_COPY_TO_BACKEND);
         if (flashc_backward(g_cuda, &p, &tdo, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv) != FLASHC_OK ||
@@ -362,6 +419,8 @@ static void run_case(gpu_case *c, uint64_t seed)
         flashc_tensor rdv_t = flashc_tensor_contiguous(rdv, FLASHC_F32, rB, Nk, rHk, D);
         flashc_params rp = p;
         rp.deterministic = 0;
+        if (c->alibi) rp.alibi_slopes = slopes;
+        if (c->nseq) rp.cu_seqlens_q = cuq, rp.cu_seqlens_k = cuk;
         if (flashc_forward(ref, &rp, &hq_t, &hk_t, &hv_t, &ro_t, &rl_t) != FLASHC_OK ||
             flashc_backward(ref, &rp, &hdo_t, &hq_t, &hk_t, &hv_t, &ro_t, &rl_t, &rdq_t, &rdk_t, &rdv_t) !=
                 FLASHC_OK) {
@@ -381,7 +440,7 @@ static void run_case(gpu_case *c, uint64_t seed)
         cs[T_DK] = compare_view(&vdk, gdk, rdk, atol, rtol);
         cs[T_DV] = compare_view(&vdv, gdv, rdv, atol, rtol);
         const double bar = dt == FLASHC_BF16 ? 5e-3 : 5e-4;
-        int ok = det_ok;
+        int ok = det_ok && rep_ok;
         char *m = c->msg;
         size_t left = sizeof c->msg;
         m[0] = 0;
@@ -402,16 +461,20 @@ static void run_case(gpu_case *c, uint64_t seed)
             }
             ok = ok && tok;
         }
-        if (!det_ok) snprintf(m, left, "deterministic backward differs between two runs");
+        if (!det_ok) {
+            int w = snprintf(m, left, "deterministic backward differs between two runs; ");
+            if (w > 0 && (size_t)w < left) m += w, left -= (size_t)w;
+        }
+        if (!rep_ok) snprintf(m, left, "forward differs between two runs");
         c->ok = ok;
     }
 done:
     c->ran = 1;
     flashc_backend_destroy(ref);
-    void *devs[] = {dq_, dk_, dv_, ddo, dout, dlse, ddq, ddk, ddv};
+    void *devs[] = {dq_, dk_, dv_, ddo, dout, dlse, ddq, ddk, ddv, dcuq, dcuk, dslopes};
     for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) flashc_backend_free(g_cuda, devs[i]);
     void *hosts[] = {hq, hk, hv, hdo, poison_q, poison_k, poison_l, go, gdq, gdk, gdv, gdq2, gdk2, gdv2, glse,
-                     ro, rlse, rdq, rdk, rdv};
+                     ro, rlse, rdq, rdk, rdv, glse2, go2, slopes};
     for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) free(hosts[i]);
 }
 
@@ -433,17 +496,141 @@ static gpu_case *add_case(flashc_dtype dt, int64_t b, int64_t nq, int64_t nk, in
     memset(c, 0, sizeof *c);
     c->dtype = dt, c->batch = b, c->seqlen_q = nq, c->seqlen_k = nk, c->heads_q = hq, c->heads_kv = hk;
     c->head_dim = d, c->causal = causal, c->layout = layout, c->input_std = 1.0;
+    c->window_left = c->window_right = -1;
+    return c;
+}
+
+/* A variable-length case: n sequences of lq[i] queries and lk[i] keys, packed. */
+static gpu_case *add_varlen(flashc_dtype dt, int n, const int32_t *lq, const int32_t *lk, int64_t hq,
+                            int64_t hk, int64_t d, int causal, int layout)
+{
+    int64_t tq = 0, tk = 0;
+    for (int i = 0; i < n; i++) tq += lq[i], tk += lk[i];
+    gpu_case *c = add_case(dt, 1, tq, tk, hq, hk, d, causal, layout);
+    c->nseq = n;
+    memcpy(c->lq, lq, (size_t)n * sizeof *lq);
+    memcpy(c->lk, lk, (size_t)n * sizeof *lk);
     return c;
 }
 
 static void name_case(gpu_case *c, const char *tag)
 {
     static const char *causal_names[] = {"none", "br", "tl"};
-    snprintf(c->name, sizeof c->name, "%s%s%s b%lld q%lld k%lld h%lld/%lld d%lld causal=%s %s%s",
+    char feat[96] = "";
+    size_t at = 0;
+    if (c->nseq) at += (size_t)snprintf(feat + at, sizeof feat - at, " varlen%d%s", c->nseq, c->max_given ? "" : "(max 0)");
+    if (c->window_left >= 0 || c->window_right >= 0)
+        at += (size_t)snprintf(feat + at, sizeof feat - at, " win(%d,%d)", c->window_left, c->window_right);
+    if (c->softcap > 0) at += (size_t)snprintf(feat + at, sizeof feat - at, " cap%g", c->softcap);
+    if (c->alibi) at += (size_t)snprintf(feat + at, sizeof feat - at, " alibi%s", c->alibi == 2 ? "/seq" : "");
+    if (c->dropout_p > 0) snprintf(feat + at, sizeof feat - at, " drop%g", c->dropout_p);
+    snprintf(c->name, sizeof c->name, "%s%s%s b%lld q%lld k%lld h%lld/%lld d%lld causal=%s %s%s%s",
              tag ? tag : "", tag ? ": " : "", c->dtype == FLASHC_BF16 ? "bf16" : "f16", (long long)c->batch,
              (long long)c->seqlen_q, (long long)c->seqlen_k, (long long)c->heads_q, (long long)c->heads_kv,
              (long long)c->head_dim, causal_names[c->causal], layout_names[c->layout],
-             c->deterministic ? " det" : "");
+             c->deterministic ? " det" : "", feat);
+}
+
+/* Dropout settings of a case: p, a seed and an offset (the offset moves the counter words). */
+static void set_dropout(gpu_case *c, float p, uint64_t seed, uint64_t offset)
+{
+    c->dropout_p = p, c->dropout_seed = seed, c->dropout_offset = offset, c->repeat = 1;
+}
+
+/* The feature grid: every feature alone over the head dims, composed, and on varlen batches. */
+static void build_feature_grid(void)
+{
+    const flashc_dtype dts[2] = {FLASHC_F16, FLASHC_BF16};
+    const int dims[6] = {32, 64, 96, 128, 192, 256};
+    /* varlen: lengths 0, 1, 17, 128, 129, 1000 mixed (a key side of 0 under a query side > 0
+     * makes rows that see nothing); GQA 2:1 */
+    const int32_t lq[6] = {17, 0, 1000, 1, 129, 128}, lk[6] = {129, 5, 1000, 0, 17, 128};
+    for (int di = 0; di < 2; di++)
+        for (int i = 0; i < 6; i++)
+            for (int causal = 0; causal <= 2; causal++) {
+                if (di == 1 && causal == 2) continue;
+                gpu_case *c = add_varlen(dts[di], 6, lq, lk, 4, 2, dims[i], causal, (i + causal) % 3);
+                c->max_given = (i + causal) % 2;
+                name_case(c, "feat");
+            }
+    /* varlen with GQA 4:1 and 8:1, and sequences of one row each (max_seqlen 1) */
+    for (int di = 0; di < 2; di++) {
+        const int32_t l1[5] = {1, 1, 1, 1, 1}, lq2[4] = {300, 64, 0, 77}, lk2[4] = {257, 64, 3, 200};
+        gpu_case *c = add_varlen(dts[di], 5, l1, l1, 4, 1, 64, di, LAYOUT_BSHD);
+        c->max_given = 1;
+        name_case(c, "feat max_seqlen 1");
+        c = add_varlen(dts[di], 5, l1, l1, 2, 2, 128, 0, LAYOUT_PADDED);
+        name_case(c, "feat max_seqlen 1");
+        c = add_varlen(dts[di], 4, lq2, lk2, 16, 2, 128, 1, LAYOUT_BSHD);
+        c->max_given = 1;
+        name_case(c, "feat gqa8");
+        c = add_varlen(dts[di], 4, lq2, lk2, 8, 2, 256, 2, LAYOUT_BHSD);
+        c->max_given = 1;
+        name_case(c, "feat gqa4");
+    }
+    /* sliding windows: smaller than a block, one-sided, composed with causal (the
+     * intersection), and windows that leave rows with no key at all */
+    const int win[][3] = {/* left, right, causal */
+                          {5, 3, 0}, {0, 0, 0}, {16, -1, 0}, {-1, 7, 0}, {100, 100, 0},
+                          {32, -1, 1}, {5, 10, 1}, {0, -1, 1}, {64, -1, 2}, {3, 2, 2}};
+    for (size_t w = 0; w < sizeof win / sizeof win[0]; w++)
+        for (int i = 0; i < 6; i++) {
+            if (i % 2 != (int)(w % 2) && w > 1) continue; /* half the dims each, all for the smallest */
+            gpu_case *c = add_case(dts[(w + (size_t)i) % 2], 2, 300, 333, 4, 2, dims[i], win[w][2],
+                                   (int)((w + (size_t)i) % 3));
+            c->window_left = win[w][0], c->window_right = win[w][1];
+            name_case(c, "feat");
+        }
+    {
+        /* q longer than k under bottom-right alignment with a narrow window: the first rows
+         * see nothing; top-left with a window past the keys likewise */
+        gpu_case *c = add_case(FLASHC_F16, 1, 400, 70, 2, 1, 64, 1, LAYOUT_BSHD);
+        c->window_left = 8;
+        name_case(c, "feat masked rows");
+        c = add_case(FLASHC_BF16, 1, 400, 70, 2, 2, 128, 0, LAYOUT_BSHD);
+        c->window_left = 0, c->window_right = 0;
+        name_case(c, "feat masked rows");
+        c = add_case(FLASHC_F16, 1, 300, 50, 2, 2, 256, 2, LAYOUT_PADDED);
+        c->window_left = 4;
+        name_case(c, "feat masked rows");
+    }
+    /* softcap (mild and strong, with scales that push logits into the flat part) */
+    for (int i = 0; i < 6; i++)
+        for (int causal = 0; causal <= 1; causal++) {
+            gpu_case *c = add_case(dts[(i + causal) % 2], 2, 257, 200, 4, 2, dims[i], causal, (i + causal) % 3);
+            c->softcap = causal ? 5.0f : 30.0f;
+            if (causal) c->scale = 1.0f;
+            name_case(c, "feat");
+        }
+    /* ALiBi, per head and per sequence */
+    for (int i = 0; i < 6; i++)
+        for (int kind = 1; kind <= 2; kind++) {
+            gpu_case *c = add_case(dts[(i + kind) % 2], 2, 200, 317, 4, 2, dims[i], (i + kind) % 3, LAYOUT_BSHD);
+            c->alibi = kind;
+            name_case(c, "feat");
+        }
+    /* dropout: the same keep bits as the reference; forward twice, deterministic backward twice */
+    for (int i = 0; i < 6; i++) {
+        gpu_case *c = add_case(dts[i % 2], 2, 190, 260, 4, 2, dims[i], i % 3, (int)(i % 3));
+        set_dropout(c, i % 2 ? 0.5f : 0.1f, 0x1234567890abcdefull + (uint64_t)i, (uint64_t)i * 1000u);
+        c->deterministic = i % 2;
+        name_case(c, "feat");
+    }
+    {
+        gpu_case *c = add_case(FLASHC_F16, 1, 1000, 1000, 2, 1, 128, 1, LAYOUT_BHSD);
+        set_dropout(c, 0.2f, 42, (uint64_t)1 << 33); /* an offset past 32 bits */
+        name_case(c, "feat");
+    }
+    /* everything at once, on a varlen batch */
+    for (int di = 0; di < 2; di++)
+        for (int i = 0; i < 6; i++) {
+            gpu_case *c = add_varlen(dts[di], 6, lq, lk, 4, 2, dims[i], i % 3, (i + di) % 3);
+            c->window_left = 64, c->window_right = i % 2 ? 16 : -1;
+            c->softcap = 20.0f, c->alibi = 1 + (i + di) % 2;
+            set_dropout(c, 0.15f, 7 + (uint64_t)i, 3);
+            c->deterministic = (i + di) % 2, c->max_given = 1;
+            name_case(c, "feat all");
+        }
 }
 
 static void build_grid(int small)
@@ -461,6 +648,20 @@ static void build_grid(int small)
                 }
         gpu_case *c = add_case(FLASHC_BF16, 1, 130, 33, 2, 2, 128, 1, LAYOUT_BSHD);
         name_case(c, "small");
+        /* the feature kernels: forward, varlen prep and dQ convert, dK/dV (one pass and
+         * two), deterministic dQ, every feature on */
+        const int32_t lq[4] = {17, 0, 70, 1}, lk[4] = {40, 3, 65, 0};
+        for (int i = 0; i < 2; i++)
+            for (int det = 0; det <= 1; det++) {
+                c = add_varlen(i ? FLASHC_BF16 : FLASHC_F16, 4, lq, lk, 2, 1, sd[i], 1 + det, LAYOUT_PADDED);
+                c->window_left = 20, c->window_right = 5, c->softcap = 10.0f, c->alibi = 1 + det;
+                set_dropout(c, 0.3f, 99, 1);
+                c->deterministic = det, c->max_given = det;
+                name_case(c, "small feat");
+            }
+        c = add_case(FLASHC_F16, 2, 77, 140, 2, 2, 128, 0, LAYOUT_BSHD);
+        c->window_left = 9, c->window_right = 0;
+        name_case(c, "small feat");
         return;
     }
     /* odd sizes over every head dim, causal modes, both dtypes; GQA 2:1 */
@@ -552,6 +753,7 @@ static void build_grid(int small)
         c->atol = 1e-2, c->rtol = 1e-2, c->check_lse = 1;
         name_case(c, "seed teenygrad [b*h, n, d]");
     }
+    build_feature_grid();
 }
 
 static void *worker(void *arg)
