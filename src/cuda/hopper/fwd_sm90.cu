@@ -64,7 +64,20 @@ typedef struct sm90_fwd_params {
     int num_tiles, m_blocks, section_bh;
     int *tile_counter;
     int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
-    float scale_log2;  /* softmax scale * log2(e), > 0 */
+    float scale_log2;  /* the exponent's factor: softmax scale * log2(e), > 0; 1 in a feature
+                          kernel whose scores are transformed into the log2 domain first */
+    /* Read only by the feature kernels (FEAT = 1). Query i sees key j when
+     * j >= i + off - left (has_left) and j <= i + off + right (has_right), j < seqlen_k:
+     * causal and the window folded into one band. */
+    int off;           /* flashc.h's diagonal offset: 0 top-left, else seqlen_k - seqlen_q */
+    int has_left, has_right, left, right;
+    int transform;     /* softcap or ALiBi: scores go to the log2 domain before the max */
+    int softcap_on, alibi_on;
+    float score_log2;  /* softmax scale * log2(e), for the transform without softcap */
+    float softcap_pre; /* scale / softcap: tanh's argument from a raw q.k */
+    float softcap_log2; /* softcap * log2(e) */
+    const float *alibi; /* slope of (b, h) at alibi[b * alibi_sb + h] */
+    int64_t alibi_sb;
 } sm90_fwd_params;
 
 #define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
@@ -155,6 +168,96 @@ static __device__ __forceinline__ void sm90_online_softmax(float (&s)[BN / 2], f
     }
 }
 
+/* The band of keys query i sees, [sm90_key_lo, sm90_key_hi), clamped to [0, seqlen_k]; both
+ * grow with i. 64-bit, because a window may be as wide as INT32_MAX. */
+static __device__ __forceinline__ int sm90_key_lo(const sm90_fwd_params &p, int i)
+{
+    if (!p.has_left) return 0;
+    const long long x = (long long)i + p.off - p.left;
+    return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
+}
+
+static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, int i)
+{
+    if (!p.has_right) return p.seqlen_k;
+    const long long x = (long long)i + p.off + p.right + 1;
+    return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
+}
+
+/* Key blocks [first, first + n) that some row of the m-block starting at m0 sees. The plain
+ * kernel walks from block 0 to the causal end; a feature kernel only over the band of its
+ * first and last row, so the blocks outside a window are never loaded. Producer and
+ * consumers compute the same range for the same tile, which keeps the pipeline's phases in
+ * step. */
+template <int BM, int BN, int FEAT>
+static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p, int m0, int &first,
+                                                       int &n)
+{
+    const int last = min(m0 + BM, p.seqlen_q) - 1;
+    first = 0;
+    if (!FEAT) {
+        int n_end = p.seqlen_k;
+        if (p.causal) n_end = min(n_end, last + p.causal_offset + 1);
+        n = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    } else {
+        const int lo = sm90_key_lo(p, m0), hi = sm90_key_hi(p, last);
+        n = 0;
+        if (lo < hi) {
+            first = lo / BN;
+            n = (hi + BN - 1) / BN - first;
+        }
+    }
+}
+
+/* Softcap and ALiBi on a block of raw scores, into the log2 domain (flashc.h's order: scale,
+ * softcap, then the bias -slope |i + off - j|). slope2 is the slope times log2(e); d0 is
+ * row0 + off - n0 - 2 (lane % 4), the distance of this thread's first score. tanhf rather than
+ * the approximate instruction, whose error the softcap would multiply. */
+template <int BN>
+static __device__ __forceinline__ void sm90_transform(float (&s)[BN / 2], const sm90_fwd_params &p,
+                                                      float slope2, int d0)
+{
+    if (p.softcap_on) {
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) s[j] = p.softcap_log2 * tanhf(s[j] * p.softcap_pre);
+    } else {
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) s[j] *= p.score_log2;
+    }
+    if (p.alibi_on) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            /* exact in float while the distance is below 2^24 */
+            const float fd = (float)(d0 + 8 * hr);
+#pragma unroll
+            for (int j = 0; j < BN / 2; j++)
+                if (((j >> 1) & 1) == hr) {
+                    const int c = 8 * (j >> 2) + (j & 1);
+                    s[j] -= slope2 * fabsf(fd - (float)c);
+                }
+        }
+    }
+}
+
+/* The band mask of a feature kernel: -inf outside [key_lo(row), key_hi(row)) of each row. */
+template <int BN>
+static __device__ __forceinline__ void sm90_mask_band(float (&s)[BN / 2], int n0, int row0,
+                                                      const sm90_fwd_params &p, int lane)
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = row0 + 8 * hr;
+        const int lo = sm90_key_lo(p, row) - n0 - 2 * (lane & 3);
+        const int hi = sm90_key_hi(p, row) - n0 - 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++)
+            if (((j >> 1) & 1) == hr) {
+                const int c = 8 * (j >> 2) + (j & 1);
+                if (c < lo || c >= hi) s[j] = -INFINITY;
+            }
+    }
+}
+
 /* Sets to -inf the scores of keys that row r (two per thread) does not see. */
 template <int BN>
 static __device__ __forceinline__ void sm90_mask(float (&s)[BN / 2], int n0, int row0,
@@ -214,7 +317,10 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
     sm90_wgmma_commit();
 }
 
-template <int D, int BN, int STAGES, int BF16>
+/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
+ * sm90_fwd_params behind uniform run-time branches: the key loop covers the tile's band
+ * only, and each block's scores are transformed and band-masked before the softmax. */
+template <int D, int BN, int STAGES, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
 fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -239,15 +345,6 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     volatile int *tile_slot = (volatile int *)(smem + L::TILE_OFF);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-
-    /* Key blocks any row of m-block m sees: [0, n_blocks). Producer and consumers compute the
-     * same count for the same tile, which is what keeps the pipeline's phases in step. */
-#define SM90_N_BLOCKS(m0_)                                                                      \
-    ({                                                                                          \
-        int n_end_ = p.seqlen_k;                                                                \
-        if (p.causal) n_end_ = min(n_end_, min((m0_) + BM, p.seqlen_q) - 1 + p.causal_offset + 1); \
-        n_end_ > 0 ? (n_end_ + BN - 1) / BN : 0;                                                \
-    })
 
     if (tid == 0) {
         sm90_mbar_init(q_full, 1);
@@ -291,7 +388,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 int m_block, h, b;
                 sm90_tile(tile, p, m_block, h, b);
                 const int hk = h / p.group, m0 = m_block * BM;
-                const int n_blocks = SM90_N_BLOCKS(m0);
+                int first_block, n_blocks;
+                sm90_key_blocks<BM, BN, FEAT>(p, m0, first_block, n_blocks);
                 /* q_full completes once per tile, also for a tile that sees no key (its
                  * consumers only store zeros): that keeps the consumers from running more
                  * than one q_empty phase ahead of the producer's wait, which parity waits
@@ -303,7 +401,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_mbar_arrive(q_full);
                 }
                 for (int i = 0; i < n_blocks; i++) {
-                    const int n0 = (n_blocks - 1 - i) * BN;
+                    const int n0 = (first_block + n_blocks - 1 - i) * BN;
                     const uint32_t kt = sbase + L::K_OFF + s * L::KV_BYTES;
                     const uint32_t vt = sbase + L::V_OFF + s * L::KV_BYTES;
                     sm90_mbar_wait(&k_empty[s], ph ^ 1);
@@ -353,7 +451,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             int m_block, h, b;
             sm90_tile(tile, p, m_block, h, b);
             const int m0 = m_block * BM;
-            const int n_blocks = SM90_N_BLOCKS(m0);
+            int first_block, n_blocks;
+            sm90_key_blocks<BM, BN, FEAT>(p, m0, first_block, n_blocks);
             const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
             const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
 
@@ -367,9 +466,29 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 uint32_t pf[BN / 16][4];
                 float corr[2];
                 /* Whether a block needs the mask: it reaches past seqlen_k or crosses the causal
-                 * diagonal of this warpgroup's first row. */
-#define SM90_NEED_MASK(n0_) \
-        ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset))
+                 * diagonal of this warpgroup's first row; in a feature kernel, it reaches past
+                 * the band's end of the warpgroup's first row or before the band's start of
+                 * its last row. */
+                int band_lo_last = 0, band_hi_first = 0, alibi_d0 = 0;
+                float slope2 = 0.f;
+                if (FEAT) {
+                    band_lo_last = sm90_key_lo(p, wrow0 + 63);
+                    band_hi_first = sm90_key_hi(p, wrow0);
+                    alibi_d0 = row0 + p.off - 2 * (lane & 3);
+                    if (p.alibi_on) slope2 = p.alibi[b * p.alibi_sb + h] * 1.4426950408889634f;
+                }
+#define SM90_NEED_MASK(n0_)                                                                     \
+        (FEAT ? ((n0_) < band_lo_last || (n0_) + BN > band_hi_first)                            \
+              : ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset)))
+#define SM90_SCORES(n0_)                                                                        \
+        do {                                                                                    \
+            if (FEAT) {                                                                         \
+                if (p.transform) sm90_transform<BN>(s, p, slope2, alibi_d0 - (n0_));            \
+                if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, p, lane);             \
+            } else if (SM90_NEED_MASK(n0_)) {                                                   \
+                sm90_mask<BN>(s, n0_, row0, p, lane);                                           \
+            }                                                                                   \
+        } while (0)
 
                 if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
 
@@ -380,7 +499,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90_PHASE(i_) ((uint32_t)(((blocks_done + (i_)) / STAGES) & 1))
 
                 /* Block 0: S only. */
-                int n0 = (n_blocks - 1) * BN;
+                int n0 = (first_block + n_blocks - 1) * BN;
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
@@ -390,7 +509,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
-                if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
 
                 for (int i = 1; i < n_blocks; i++) {
@@ -424,7 +543,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
-                    if (SM90_NEED_MASK(n0)) sm90_mask<BN>(s, n0, row0, p, lane);
+                    SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                 }
 
@@ -451,6 +570,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #undef SM90_STAGE
 #undef SM90_PHASE
 #undef SM90_NEED_MASK
+#undef SM90_SCORES
             }
 
             /* ---------------- epilogue ---------------- */
@@ -496,7 +616,6 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_arrive(q_empty);
         }
     }
-#undef SM90_N_BLOCKS
 #endif
 }
 
@@ -546,6 +665,10 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     if (need == 0 || need > smem_optin) return 0;
     if (!(a->scale > 0.f) || !isfinite(a->scale)) return 0; /* the row max is taken unscaled */
     if (a->causal < 0 || a->causal > 2) return 0;
+    if (a->window && (a->window_left < -1 || a->window_right < -1)) return 0;
+    if (!(a->softcap >= 0.f) || !isfinite(a->softcap)) return 0;
+    if (a->alibi_slopes && ((uintptr_t)a->alibi_slopes % 4 != 0 || a->alibi_batch_stride < 0))
+        return 0;
     if (a->batch < 0 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
     if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
     if (a->seqlen_q < 0 || a->seqlen_k < 0 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000)
@@ -602,7 +725,7 @@ static int sm90_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, i
     return r == CUDA_SUCCESS;
 }
 
-template <int D, int BN, int STAGES, int BF16>
+template <int D, int BN, int STAGES, int BF16, int FEAT>
 static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, cudaStream_t stream)
 {
     CUtensorMap tq, tk, tv, to;
@@ -613,7 +736,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
         !sm90_encode(&to, a->o, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
         return cudaErrorInvalidValue;
     const uint32_t smem = sm90_fwd_layout<D, BN, STAGES>::TOTAL;
-    cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16>,
+    cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
     /* Persistent: one CTA per SM (each takes a whole SM's shared memory) walks the tiles.
@@ -636,7 +759,8 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
      * tiles are walked in fixed strides. FLASHC_SM90_SCHED=static forces strides. */
     sm90_fwd_params kp = *p;
     const char *sched_env = getenv("FLASHC_SM90_SCHED");
-    const int dynamic = p->causal && ctas < p->num_tiles &&
+    /* A band (causal or a window) makes tiles unequal too. */
+    const int dynamic = (p->causal || p->has_left || p->has_right) && ctas < p->num_tiles &&
                         !(sched_env && strcmp(sched_env, "static") == 0);
     if (dynamic) {
         err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
@@ -644,7 +768,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
     }
     if (err == cudaSuccess) {
-        fc_sm90_fwd_kernel<D, BN, STAGES, BF16><<<dim3((unsigned)ctas), SM90_THREADS, smem, stream>>>(
+        fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT><<<dim3((unsigned)ctas), SM90_THREADS, smem, stream>>>(
             tq, tk, tv, to, kp);
         err = cudaGetLastError();
     }
@@ -677,10 +801,39 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     p.causal = a->causal != 0;
     p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.scale_log2 = a->scale * 1.4426950408889634f;
-#define X(D_, BN_, ST_)                                                       \
-    if (fc_sm90_kernel_head_dim(a->head_dim) == D_)                           \
-        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1>(a, &p, stream)          \
-                       : sm90_launch<D_, BN_, ST_, 0>(a, &p, stream);
+    /* The features: a window, a softcap or ALiBi selects the feature kernel; causal alone
+     * stays on the plain one. */
+    const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
+    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL;
+    if (feat) {
+        p.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
+        const int64_t wl = window ? a->window_left : -1, wr = window ? a->window_right : -1;
+        const int64_t big = 0x7fffffff; /* wider than any sequence: the same as unbounded */
+        p.has_left = wl >= 0;
+        p.left = (int)(wl > big ? big : (wl < 0 ? 0 : wl));
+        /* causal is the band's right edge at the diagonal: min(window_right, 0) = 0 */
+        p.has_right = a->causal != 0 || wr >= 0;
+        p.right = a->causal != 0 ? 0 : (int)(wr > big ? big : (wr < 0 ? 0 : wr));
+        p.softcap_on = a->softcap > 0.f;
+        p.alibi_on = a->alibi_slopes != NULL;
+        p.transform = p.softcap_on || p.alibi_on;
+        p.score_log2 = p.scale_log2;
+        if (p.softcap_on) {
+            p.softcap_pre = a->scale / a->softcap;
+            p.softcap_log2 = a->softcap * 1.4426950408889634f;
+        }
+        p.alibi = a->alibi_slopes;
+        p.alibi_sb = a->alibi_batch_stride;
+        if (p.transform) p.scale_log2 = 1.f; /* the scores are in the log2 domain already */
+    }
+#define X(D_, BN_, ST_)                                                                   \
+    if (fc_sm90_kernel_head_dim(a->head_dim) == D_) {                                     \
+        if (feat)                                                                         \
+            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 1>(a, &p, stream)               \
+                           : sm90_launch<D_, BN_, ST_, 0, 1>(a, &p, stream);              \
+        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 0>(a, &p, stream)                   \
+                       : sm90_launch<D_, BN_, ST_, 0, 0>(a, &p, stream);                  \
+    }
     FC_SM90_FWD_CONFIGS(X)
 #undef X
     return cudaErrorInvalidValue;

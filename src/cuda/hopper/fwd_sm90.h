@@ -30,6 +30,15 @@ typedef struct fc_sm90_fwd_args {
     int bf16;    /* 1: bf16, 0: fp16 */
     float scale; /* softmax scale, > 0 */
     int causal;  /* a flashc_causal: 0 none, 1 bottom-right, 2 top-left */
+    /* The features of flashc.h (its "mask and score" comment defines them). All off when the
+     * struct is zeroed, so a caller that does not know them gets plain attention. */
+    int window;                    /* nonzero: window_left / window_right apply */
+    int64_t window_left;           /* keys before the diagonal a query sees; -1 = unbounded */
+    int64_t window_right;          /* keys after the diagonal; -1 = unbounded */
+    float softcap;                 /* logit softcap: softcap * tanh(x / softcap); 0 = off */
+    const float *alibi_slopes;     /* device floats, NULL = off: slope of (b, h) at
+                                      alibi_slopes[b * alibi_batch_stride + h] */
+    int64_t alibi_batch_stride;    /* 0: one [heads_q] set for every batch */
 } fc_sm90_fwd_args;
 
 /* 1 when fc_sm90_forward serves this call on a device of compute capability

@@ -9,12 +9,16 @@
  *      forward is wrong, this says whether the descriptors are;
  *   2. runs the forward on random inputs of odd sizes (seqlen 1, 17, 1000, 4097; seqlen_q !=
  *      seqlen_k; head dims 64, 128, 256; no mask, causal bottom-right and top-left; GQA 8:1;
- *      a [batch, heads, seqlen, head_dim] strided view), with O and LSE poisoned with NaN
+ *      a [batch, heads, seqlen, head_dim] strided view; and the feature kernel: sliding
+ *      windows narrower than a block, with causal in both alignments, one-sided, softcap,
+ *      ALiBi slopes per head and per (batch, head), all three at once, rows and whole tiles
+ *      that see no key), with O and LSE poisoned with NaN
  *      first, against a float64 CPU reference: relative error ||O - ref|| / ||ref|| at most
  *      5e-4 for fp16 and 5e-3 for bf16, LSE within 1e-3 absolute (and -inf exactly where a row
  *      sees no key);
  *   3. times the kernel with CUDA events at the benchmark shapes (16k tokens, hidden 2048) and
- *      prints TFLOP/s (4 * batch * heads * seqlen^2 * head_dim, halved when causal).
+ *      prints TFLOP/s (4 * batch * heads * seqlen^2 * head_dim, halved when causal), then the
+ *      feature kernel at one shape (window, softcap, ALiBi) beside the plain one.
  *
  * Usage: check_fwd_sm90 [--check-only | --bench-only | --small]. --small runs the probe and the
  * cases with at most 1000 x 1000 scores per head, no timing (for compute-sanitizer, which is
@@ -218,6 +222,11 @@ static int run_probe(void)
 
 typedef struct fcase {
     int batch, sq, sk, hq, hkv, d, causal, bf16, bhsd;
+    /* features (the feature kernel): a window (wl, wr; -1 = unbounded side) when window is
+     * set, a softcap (0 = off), ALiBi slopes (0 off, 1 one set per head, 2 per batch and head) */
+    int window, wl, wr;
+    float softcap;
+    int alibi;
 } fcase;
 
 static const char *causal_name(int c)
@@ -225,13 +234,21 @@ static const char *causal_name(int c)
     return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
 }
 
-/* The last key query i sees, plus one (flashc_key_end). */
-static int key_end(const fcase *c, int i)
+/* flashc.h's rules, written out one by one: does query i see key j? */
+static int visible(const fcase *c, int i, int j)
 {
-    if (c->causal == 0) return c->sk;
-    const int off = c->causal == 1 ? c->sk - c->sq : 0;
-    int e = i + off + 1;
-    return e < 0 ? 0 : (e > c->sk ? c->sk : e);
+    const long off = c->causal == 2 ? 0 : (long)c->sk - c->sq;
+    if (c->causal && j > i + off) return 0;
+    if (c->window && c->wl >= 0 && j < i + off - c->wl) return 0;
+    if (c->window && c->wr >= 0 && j > i + off + c->wr) return 0;
+    return 1;
+}
+
+/* The ALiBi slope of (b, h), as the case stores it: 0 when off. */
+static float case_slope(const fcase *c, const float *slopes, int b, int h)
+{
+    if (!c->alibi) return 0.f;
+    return slopes[c->alibi == 2 ? b * c->hq + h : h];
 }
 
 static int run_case(const fcase *c, const cudaDeviceProp *prop)
@@ -253,6 +270,11 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     for (size_t i = 0; i < nq; i++) hq[i] = to16(frand(), c->bf16);
     for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), c->bf16);
     for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), c->bf16);
+    /* slopes of both kinds: [hq] or [batch, hq], as ALiBi's geometric ones are, times a
+     * random factor so that batches differ */
+    const int n_slopes = c->alibi == 2 ? B * HQ : HQ;
+    float *hs = (float *)malloc((size_t)n_slopes * 4);
+    for (int i = 0; i < n_slopes; i++) hs[i] = powf(2.f, -8.f * (float)((i % HQ) + 1) / HQ) * (1.5f + frand());
 
     void *dq, *dk, *dv, *dout;
     float *dl;
@@ -266,6 +288,11 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     CK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is a NaN in fp16 and bf16 */
     CK(cudaMemset(dl, 0xff, (size_t)B * HQ * SQ * 4));
+    float *dslopes = NULL;
+    if (c->alibi) {
+        CK(cudaMalloc(&dslopes, (size_t)n_slopes * 4));
+        CK(cudaMemcpy(dslopes, hs, (size_t)n_slopes * 4, cudaMemcpyHostToDevice));
+    }
 
     fc_sm90_fwd_args a;
     memset(&a, 0, sizeof a);
@@ -279,10 +306,16 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     a.bf16 = c->bf16;
     a.scale = 1.f / sqrtf((float)D);
     a.causal = c->causal;
+    a.window = c->window, a.window_left = c->wl, a.window_right = c->wr;
+    a.softcap = c->softcap;
+    a.alibi_slopes = dslopes, a.alibi_batch_stride = c->alibi == 2 ? HQ : 0;
 
-    char name[200];
-    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s", B, SQ, SK, HQ, HK, D,
-             causal_name(c->causal), c->bf16 ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd");
+    char name[300], feat[100] = "";
+    if (c->window) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " window=(%d,%d)", c->wl, c->wr);
+    if (c->softcap > 0) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " softcap=%g", c->softcap);
+    if (c->alibi) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " alibi=%s", c->alibi == 2 ? "batch" : "head");
+    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s", B, SQ, SK, HQ, HK, D,
+             causal_name(c->causal), c->bf16 ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd", feat);
     if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
         printf("FAIL %s: not supported\n", name);
         return 0;
@@ -294,6 +327,8 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
 
     /* float64 reference, row by row */
     const double scale = 1.0 / sqrt((double)D);
+    const long off = c->causal == 2 ? 0 : (long)SK - SQ;
+    int *vis = (int *)malloc((size_t)SK * sizeof(int));
     double err2 = 0, ref2 = 0, lse_err = 0;
     long nan_o = 0, bad_lse = 0;
     double *sc = (double *)malloc((size_t)SK * 8), *acc = (double *)malloc((size_t)D * 8);
@@ -304,18 +339,26 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
             for (int i = 0; i < SQ; i++) {
                 const uint16_t *qr = hq + b * q_sb + i * q_ss + h * q_sh;
                 const uint16_t *orow = ho + b * q_sb + i * q_ss + h * q_sh;
-                const int e = key_end(c, i);
                 double mx = -INFINITY;
-                for (int j = 0; j < e; j++) {
+                const double slope = case_slope(c, hs, b, h);
+                int e = 0; /* keys seen */
+                for (int j = 0; j < SK; j++) {
+                    vis[j] = visible(c, i, j);
+                    if (!vis[j]) continue;
+                    e++;
                     const uint16_t *kr = hk + b * k_sb + j * k_ss + hk_ * k_sh;
                     double dot = 0;
                     for (int x = 0; x < D; x++) dot += (double)from16(qr[x], c->bf16) * from16(kr[x], c->bf16);
-                    sc[j] = dot * scale;
+                    double xs = dot * scale; /* scale, softcap, ALiBi: flashc.h's order */
+                    if (c->softcap > 0) xs = c->softcap * tanh(xs / c->softcap);
+                    if (c->alibi) xs -= slope * fabs((double)(i + off - j));
+                    sc[j] = xs;
                     if (sc[j] > mx) mx = sc[j];
                 }
                 double sum = 0;
                 for (int x = 0; x < D; x++) acc[x] = 0;
-                for (int j = 0; j < e; j++) {
+                for (int j = 0; j < SK; j++) {
+                    if (!vis[j]) continue;
                     const double pj = exp(sc[j] - mx);
                     sum += pj;
                     const uint16_t *vr = hv + b * k_sb + j * k_ss + hk_ * k_sh;
@@ -344,6 +387,8 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     const int ok = nan_o == 0 && bad_lse == 0 && rel <= tol;
     printf("%s %s: O rel err %.2e (tol %.0e), LSE max abs err %.2e, NaN in O %ld, bad LSE rows %ld\n",
            ok ? "PASS" : "FAIL", name, rel, tol, lse_err, nan_o, bad_lse);
+    free(vis), free(hs);
+    if (dslopes) cudaFree(dslopes);
     free(sc), free(acc), free(hq), free(hk), free(hv), free(ho), free(hl);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dl);
     return ok;
@@ -410,6 +455,61 @@ static void bench(const cudaDeviceProp *prop)
                     printf("%-6s %-5d %-7d %6d %6d %6d %10.3f %10.1f\n", bf16 ? "bf16" : "fp16", D, causal, S, B,
                            H, ms, flops / (ms * 1e-3) / 1e12);
                 }
+    /* The feature kernel at one shape: a window must cost about its share of the blocks. */
+    printf("\nfeatures: bf16 d128, seqlen 8192, batch 2, 16 heads (ms; TFLOP/s over the visible pairs)\n");
+    float *slopes;
+    CK(cudaMalloc(&slopes, 16 * 4));
+    {
+        float hs[16];
+        for (int i = 0; i < 16; i++) hs[i] = powf(2.f, -0.5f * (i + 1));
+        CK(cudaMemcpy(slopes, hs, sizeof hs, cudaMemcpyHostToDevice));
+    }
+    static const struct { const char *name; int causal, window, wl, wr; float cap; int alibi; } fb[] = {
+        {"none (plain kernel)", 0, 0, -1, -1, 0.f, 0}, {"causal (plain kernel)", 1, 0, -1, -1, 0.f, 0},
+        {"window (-1, -1) (plain kernel)", 0, 1, -1, -1, 0.f, 0},
+        {"window (-1, 0) (feature kernel)", 0, 1, -1, 0, 0.f, 0},
+        {"window (512, 512)", 0, 1, 512, 512, 0.f, 0}, {"causal + window (1024, 0)", 1, 1, 1024, -1, 0.f, 0},
+        {"softcap 30", 0, 0, -1, -1, 30.f, 0}, {"ALiBi, causal", 1, 0, -1, -1, 0.f, 1},
+        {"softcap + ALiBi + window (1024, 1024)", 0, 1, 1024, 1024, 30.f, 1},
+    };
+    for (size_t f = 0; f < sizeof fb / sizeof fb[0]; f++) {
+        const int D = 128, S = 8192, H = 16, B = 2;
+        fc_sm90_fwd_args a;
+        memset(&a, 0, sizeof a);
+        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.lse = lse;
+        a.q_sb = a.k_sb = a.v_sb = a.o_sb = (int64_t)S * H * D;
+        a.q_ss = a.k_ss = a.v_ss = a.o_ss = (int64_t)H * D;
+        a.q_sh = a.k_sh = a.v_sh = a.o_sh = D;
+        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
+        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
+        a.bf16 = 1, a.scale = 1.f / sqrtf((float)D), a.causal = fb[f].causal;
+        a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
+        a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
+        if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+            printf("  %-40s not supported\n", fb[f].name);
+            continue;
+        }
+        for (int w = 0; w < 3; w++) CK(fc_sm90_forward(&a, 0));
+        sync_or_die("feature bench warm-up");
+        const int iters = 10;
+        CK(cudaEventRecord(e0, 0));
+        for (int it = 0; it < iters; it++) CK(fc_sm90_forward(&a, 0));
+        CK(cudaEventRecord(e1, 0));
+        sync_or_die("feature bench");
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= iters;
+        double pairs = 0; /* visible (query, key) pairs of one head */
+        for (long i = 0; i < S; i++) {
+            long lo = 0, hi = S;
+            if (a.causal && i + 1 < hi) hi = i + 1;
+            if (a.window && a.window_right >= 0 && i + a.window_right + 1 < hi) hi = i + a.window_right + 1;
+            if (a.window && a.window_left >= 0 && i - a.window_left > lo) lo = i - a.window_left;
+            if (hi > lo) pairs += (double)(hi - lo);
+        }
+        printf("  %-40s %8.3f ms %8.1f TFLOP/s\n", fb[f].name, ms, 4.0 * B * H * pairs * D / (ms * 1e-3) / 1e12);
+    }
+    cudaFree(slopes);
     for (int i = 0; i < 4; i++) cudaFree(buf[i]);
     cudaFree(lse);
 }
@@ -445,6 +545,23 @@ int main(int argc, char **argv)
             {1, 4097, 4097, 1, 1, 64, 1, 0, 0},    {1, 4097, 4097, 1, 1, 128, 1, 0, 0},
             {1, 17, 17, 2, 2, 256, 0, 1, 0},       {1, 1000, 1000, 2, 1, 256, 1, 0, 0},
             {1, 1000, 300, 2, 2, 256, 1, 1, 1},
+            /* features: batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, window, wl, wr, softcap, alibi */
+            {1, 17, 17, 2, 2, 128, 0, 0, 0, 1, 2, 3, 10.f, 1},
+            {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1, 37, 20, 0.f, 0},   /* window inside a block */
+            {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 1, 100, -1, 0.f, 0},   /* window + causal */
+            {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 300, -1, 0.f, 0},   /* top-left + window, GQA */
+            {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 1, -1, 0, 0.f, 0},    /* (-1, 0) is causal */
+            {1, 1000, 1000, 2, 2, 256, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
+            {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 30.f, 0},    /* softcap */
+            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 5.f, 0},
+            {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0.f, 1},       /* ALiBi per head */
+            {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0.f, 2},     /* ALiBi per batch */
+            {1, 1000, 1000, 2, 2, 256, 0, 1, 0, 1, 200, 50, 20.f, 2}, /* all three */
+            {1, 1000, 17, 2, 1, 64, 1, 0, 0, 1, 3, -1, 5.f, 1},       /* rows with no key */
+            {1, 1000, 300, 2, 2, 128, 0, 1, 0, 1, 0, 0, 0.f, 0},      /* whole tiles with none */
+            {1, 300, 1000, 2, 2, 128, 2, 0, 1, 1, 50, 2, 8.f, 2},     /* causal top-left ignores wr */
+            {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 1, 1000, -1, 0.f, 0},
+            {1, 4097, 4097, 2, 2, 64, 0, 0, 0, 1, 256, 256, 50.f, 1},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (small && (long)cases[i].sq * cases[i].sk > 1000000) continue;
