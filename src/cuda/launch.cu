@@ -18,6 +18,15 @@
 #include "hopper/fwd_sm90.h"
 #endif
 
+/* Copies the element strides of a [batch, seqlen, heads, head_dim] view into a kernel
+ * argument struct's <prefix>_sb / _ss / _sh fields (every launcher's structs name them so),
+ * and those of a [batch, heads, seqlen] LSE into its lse_sb / lse_sh / lse_ss. */
+#define FC_VIEW_STRIDES(args, prefix, t) \
+    ((args).prefix##_sb = (t)->stride[0], (args).prefix##_ss = (t)->stride[1], \
+     (args).prefix##_sh = (t)->stride[2])
+#define FC_LSE_STRIDES(args, t) \
+    ((args).lse_sb = (t)->stride[0], (args).lse_sh = (t)->stride[1], (args).lse_ss = (t)->stride[2])
+
 static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
 
 /* A head dim that is a multiple of 8 runs on the next compiled size up: the extra columns
@@ -172,11 +181,11 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
     h.lse = (float *)lse->data;
-    h.q_sb = q->stride[0], h.q_ss = q->stride[1], h.q_sh = q->stride[2];
-    h.k_sb = k->stride[0], h.k_ss = k->stride[1], h.k_sh = k->stride[2];
-    h.v_sb = v->stride[0], h.v_ss = v->stride[1], h.v_sh = v->stride[2];
-    h.o_sb = out->stride[0], h.o_ss = out->stride[1], h.o_sh = out->stride[2];
-    h.lse_sb = lse->stride[0], h.lse_sh = lse->stride[1], h.lse_ss = lse->stride[2];
+    FC_VIEW_STRIDES(h, q, q);
+    FC_VIEW_STRIDES(h, k, k);
+    FC_VIEW_STRIDES(h, v, v);
+    FC_VIEW_STRIDES(h, o, out);
+    FC_LSE_STRIDES(h, lse);
     h.batch = (int)pr->batch;
     h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
     h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
@@ -214,11 +223,11 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
     a.v = (const uint16_t *)v->data;
     a.o = (uint16_t *)out->data;
     a.lse = (float *)lse->data;
-    a.q_sb = q->stride[0], a.q_ss = q->stride[1], a.q_sh = q->stride[2];
-    a.k_sb = k->stride[0], a.k_ss = k->stride[1], a.k_sh = k->stride[2];
-    a.v_sb = v->stride[0], a.v_ss = v->stride[1], a.v_sh = v->stride[2];
-    a.o_sb = out->stride[0], a.o_ss = out->stride[1], a.o_sh = out->stride[2];
-    a.lse_sb = lse->stride[0], a.lse_sh = lse->stride[1], a.lse_ss = lse->stride[2];
+    FC_VIEW_STRIDES(a, q, q);
+    FC_VIEW_STRIDES(a, k, k);
+    FC_VIEW_STRIDES(a, v, v);
+    FC_VIEW_STRIDES(a, o, out);
+    FC_LSE_STRIDES(a, lse);
     a.seqlen_q = (int)pr->seqlen_q;
     a.seqlen_k = (int)pr->seqlen_k;
     a.heads_q = (int)pr->heads_q;
@@ -285,15 +294,15 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
     h.lse = (const float *)lse->data;
     h.dq = dq->data, h.dk = dk->data, h.dv = dv->data;
-    h.q_sb = q->stride[0], h.q_ss = q->stride[1], h.q_sh = q->stride[2];
-    h.k_sb = k->stride[0], h.k_ss = k->stride[1], h.k_sh = k->stride[2];
-    h.v_sb = v->stride[0], h.v_ss = v->stride[1], h.v_sh = v->stride[2];
-    h.o_sb = out->stride[0], h.o_ss = out->stride[1], h.o_sh = out->stride[2];
-    h.do_sb = dout->stride[0], h.do_ss = dout->stride[1], h.do_sh = dout->stride[2];
-    h.dq_sb = dq->stride[0], h.dq_ss = dq->stride[1], h.dq_sh = dq->stride[2];
-    h.dk_sb = dk->stride[0], h.dk_ss = dk->stride[1], h.dk_sh = dk->stride[2];
-    h.dv_sb = dv->stride[0], h.dv_ss = dv->stride[1], h.dv_sh = dv->stride[2];
-    h.lse_sb = lse->stride[0], h.lse_sh = lse->stride[1], h.lse_ss = lse->stride[2];
+    FC_VIEW_STRIDES(h, q, q);
+    FC_VIEW_STRIDES(h, k, k);
+    FC_VIEW_STRIDES(h, v, v);
+    FC_VIEW_STRIDES(h, o, out);
+    FC_VIEW_STRIDES(h, do, dout);
+    FC_VIEW_STRIDES(h, dq, dq);
+    FC_VIEW_STRIDES(h, dk, dk);
+    FC_VIEW_STRIDES(h, dv, dv);
+    FC_LSE_STRIDES(h, lse);
     h.batch = (int)pr->batch;
     h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
     h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
@@ -430,15 +439,15 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
     a.dq = (uint16_t *)dq->data;
     a.dk = (uint16_t *)dk->data;
     a.dv = (uint16_t *)dv->data;
-    a.q_sb = q->stride[0], a.q_ss = q->stride[1], a.q_sh = q->stride[2];
-    a.k_sb = k->stride[0], a.k_ss = k->stride[1], a.k_sh = k->stride[2];
-    a.v_sb = v->stride[0], a.v_ss = v->stride[1], a.v_sh = v->stride[2];
-    a.o_sb = out->stride[0], a.o_ss = out->stride[1], a.o_sh = out->stride[2];
-    a.do_sb = dout->stride[0], a.do_ss = dout->stride[1], a.do_sh = dout->stride[2];
-    a.dq_sb = dq->stride[0], a.dq_ss = dq->stride[1], a.dq_sh = dq->stride[2];
-    a.dk_sb = dk->stride[0], a.dk_ss = dk->stride[1], a.dk_sh = dk->stride[2];
-    a.dv_sb = dv->stride[0], a.dv_ss = dv->stride[1], a.dv_sh = dv->stride[2];
-    a.lse_sb = lse->stride[0], a.lse_sh = lse->stride[1], a.lse_ss = lse->stride[2];
+    FC_VIEW_STRIDES(a, q, q);
+    FC_VIEW_STRIDES(a, k, k);
+    FC_VIEW_STRIDES(a, v, v);
+    FC_VIEW_STRIDES(a, o, out);
+    FC_VIEW_STRIDES(a, do, dout);
+    FC_VIEW_STRIDES(a, dq, dq);
+    FC_VIEW_STRIDES(a, dk, dk);
+    FC_VIEW_STRIDES(a, dv, dv);
+    FC_LSE_STRIDES(a, lse);
     a.lse2 = (float *)(ws + lay.lse2_off);
     a.delta = (float *)(ws + lay.delta_off);
     a.dq_accum = pr->deterministic ? NULL : (float *)(ws + lay.dq_off);
