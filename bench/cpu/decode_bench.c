@@ -1,7 +1,8 @@
 /*
  * decode_bench.c - decoding on the CPU backend (flashc_forward_kvcache): one new query per
  * sequence against caches of 1k..128k keys, GQA 8:1 (32 query heads, 4 kv heads), head dim
- * 128, bf16, batch 1..64, contiguous and paged (pages of 64 keys, shuffled in the pool).
+ * 128, bf16 (or f16, f32), batch 1..64, contiguous and paged (pages of 64 keys, shuffled in
+ * the pool).
  * Decoding is memory-bound, so each row reports the bytes of K and V read per second beside
  * this machine's copy rate measured in the same run on the same threads (memcpy of a buffer
  * far larger than the caches, bytes copied per second; the memory bus carries twice that,
@@ -9,8 +10,10 @@
  *
  *   cc -O2 -std=gnu11 -Iinclude bench/cpu/decode_bench.c -Lbuild -lflashc -lpthread -lm \
  *      -Wl,-rpath,$PWD/build -o build/decode_bench
- *   build/decode_bench [THREADS] [MAX_KV_GIB]     THREADS 0 = all cores; caches whose K+V
- *                                                 exceed MAX_KV_GIB (default 2) are skipped
+ *   build/decode_bench [THREADS] [MAX_KV_GIB] [DTYPE] [CASES]
+ *     THREADS 0 = all cores; caches whose K+V exceed MAX_KV_GIB (default 2) are skipped;
+ *     DTYPE bf16 (default), f16 or f32; CASES a comma-separated list of BATCHxKEYS (e.g.
+ *     1x8k,1x128k,8x32k) to run only those shapes (both layouts), default all
  *
  * Prints a markdown table. Each time is the median of 5 calls after a warm-up; the result of
  * the first call is checked against flashc's reference backend on a small case beforehand.
@@ -105,18 +108,45 @@ enum { HQ = 32, HKV = 4, D = 128, PAGE = 64 };
 typedef struct decode_case {
     int64_t batch, len;
     int paged;
+    flashc_dtype dtype;
 } decode_case;
+
+static size_t dtype_bytes(flashc_dtype t)
+{
+    return t == FLASHC_F32 ? 4 : 2;
+}
+
+/* 0.1 + a little noise in each dtype (the bytes, not the values, are what is measured, but
+ * denormals or NaN would take other paths) */
+static void fill(void *buf, size_t n, flashc_dtype t, float base)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float x = base * (1.0f + (float)((uint32_t)(i * 2654435761u) >> 28) / 64.0f);
+        if (t == FLASHC_F32) {
+            ((float *)buf)[i] = x;
+        } else if (t == FLASHC_BF16) {
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+        } else { /* f16 of a normal positive x in [2^-14, 65504) */
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            ((uint16_t *)buf)[i] =
+                (uint16_t)((((u >> 23) & 0xff) - 112) << 10 | ((u >> 13) & 0x3ff));
+        }
+    }
+}
 
 /* Median seconds of one decode step, or -1 on an error (printed). */
 static double time_decode(flashc_backend *be, const decode_case *c, double *kv_bytes)
 {
     const int64_t B = c->batch, L = c->len;
-    const size_t row = (size_t)HKV * D * sizeof(uint16_t);
+    const size_t es = dtype_bytes(c->dtype), row = (size_t)HKV * D * es;
     const int64_t pages_per_seq = (L + PAGE - 1) / PAGE;
     const int64_t cap = c->paged ? pages_per_seq * PAGE : L;
     const size_t cache_bytes = (size_t)(B * cap) * row;
-    uint16_t *kc = malloc(cache_bytes), *vc = malloc(cache_bytes);
-    uint16_t *q = malloc((size_t)B * HQ * D * 2), *o = malloc((size_t)B * HQ * D * 2);
+    void *kc = malloc(cache_bytes), *vc = malloc(cache_bytes);
+    void *q = malloc((size_t)B * HQ * D * es), *o = malloc((size_t)B * HQ * D * es);
     float *lse = malloc((size_t)B * HQ * sizeof(float));
     int32_t *seqlens = malloc((size_t)B * sizeof(int32_t));
     int32_t *table = malloc((size_t)(B * pages_per_seq) * sizeof(int32_t));
@@ -124,11 +154,9 @@ static double time_decode(flashc_backend *be, const decode_case *c, double *kv_b
         fprintf(stderr, "out of memory for b=%lld len=%lld\n", (long long)B, (long long)L);
         return -1;
     }
-    /* bf16 values around 0.1 (the bytes, not the values, are what is measured) */
-    for (size_t i = 0; i < cache_bytes / 2; i++)
-        kc[i] = vc[i] = (uint16_t)(0x3dcc + (i * 2654435761u >> 28));
-    for (int64_t i = 0; i < B * HQ * D; i++)
-        q[i] = 0x3f80;
+    fill(kc, cache_bytes / es, c->dtype, 0.1f);
+    fill(vc, cache_bytes / es, c->dtype, 0.1f);
+    fill(q, (size_t)(B * HQ * D), c->dtype, 1.0f);
     for (int64_t b = 0; b < B; b++)
         seqlens[b] = (int32_t)L;
     /* pages in a scrambled order, as a serving pool ends up */
@@ -141,16 +169,16 @@ static double time_decode(flashc_backend *be, const decode_case *c, double *kv_b
         for (int64_t i = 0; i < np; i++)
             table[i] = (int32_t)i;
 
-    flashc_tensor tq = flashc_tensor_contiguous(q, FLASHC_BF16, B, 1, HQ, D);
-    flashc_tensor to = flashc_tensor_contiguous(o, FLASHC_BF16, B, 1, HQ, D);
+    flashc_tensor tq = flashc_tensor_contiguous(q, c->dtype, B, 1, HQ, D);
+    flashc_tensor to = flashc_tensor_contiguous(o, c->dtype, B, 1, HQ, D);
     flashc_tensor tl = flashc_lse_contiguous(lse, B, HQ, 1);
     flashc_tensor tk, tv;
     if (c->paged) {
-        tk = flashc_tensor_contiguous(kc, FLASHC_BF16, np, PAGE, HKV, D);
-        tv = flashc_tensor_contiguous(vc, FLASHC_BF16, np, PAGE, HKV, D);
+        tk = flashc_tensor_contiguous(kc, c->dtype, np, PAGE, HKV, D);
+        tv = flashc_tensor_contiguous(vc, c->dtype, np, PAGE, HKV, D);
     } else {
-        tk = flashc_tensor_contiguous(kc, FLASHC_BF16, B, L, HKV, D);
-        tv = flashc_tensor_contiguous(vc, FLASHC_BF16, B, L, HKV, D);
+        tk = flashc_tensor_contiguous(kc, c->dtype, B, L, HKV, D);
+        tv = flashc_tensor_contiguous(vc, c->dtype, B, L, HKV, D);
     }
     flashc_params p;
     flashc_params_init(&p);
@@ -230,10 +258,42 @@ static int sanity(flashc_backend *be)
     return ok && sqrt(num / den) < 1e-5;
 }
 
+/* 1 if BATCHxKEYS (keys as 8k or 8192) is in the comma-separated list, or there is none. */
+static int wanted(const char *list, int64_t batch, int64_t len)
+{
+    if (!list)
+        return 1;
+    for (const char *p = list; *p;) {
+        char *end;
+        long long b = strtoll(p, &end, 10);
+        if (*end != 'x')
+            return 0;
+        long long l = strtoll(end + 1, &end, 10);
+        if (*end == 'k')
+            l *= 1024, end++;
+        if (b == batch && l == len)
+            return 1;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return 0;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     double max_gib = argc > 2 ? atof(argv[2]) : 2.0;
+    const char *dname = argc > 3 ? argv[3] : "bf16", *cases = argc > 4 ? argv[4] : NULL;
+    flashc_dtype dtype = FLASHC_BF16;
+    if (strcmp(dname, "f16") == 0)
+        dtype = FLASHC_F16;
+    else if (strcmp(dname, "f32") == 0)
+        dtype = FLASHC_F32;
+    else if (strcmp(dname, "bf16") != 0) {
+        fprintf(stderr, "dtype %s: bf16, f16 or f32\n", dname);
+        return 1;
+    }
     if (threads <= 0)
         threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     flashc_backend_config cfg;
@@ -255,15 +315,17 @@ int main(int argc, char **argv)
     printf("threads %d: memcpy %.2f GB/s (bytes copied; the bus moves twice that), "
            "read-only stream %.2f GB/s\n\n",
            threads, copy / 1e9, read / 1e9);
+    printf("dtype %s\n\n", dname);
     printf("| batch | cache | layout | ms | K+V GB/s | %% of copy | %% of read |\n");
     printf("|---|---|---|---|---|---|---|\n");
     const int64_t batches[] = {1, 8, 64}, lens[] = {1024, 8192, 32768, 131072};
     for (int bi = 0; bi < 3; bi++)
         for (int li = 0; li < 4; li++)
             for (int paged = 0; paged < 2; paged++) {
-                decode_case c = {batches[bi], lens[li], paged};
-                double gib = 2.0 * (double)(c.batch * c.len) * HKV * D * 2 / (1 << 30);
-                if (gib > max_gib)
+                decode_case c = {batches[bi], lens[li], paged, dtype};
+                double gib = 2.0 * (double)(c.batch * c.len) * HKV * D *
+                             (double)dtype_bytes(dtype) / (1 << 30);
+                if (gib > max_gib || !wanted(cases, c.batch, c.len))
                     continue;
                 double bytes = 0, t = time_decode(be, &c, &bytes);
                 if (t < 0)

@@ -37,8 +37,13 @@ typedef struct decode_job {
     const flashc_tensor *q, *kc, *vc;
     flashc_tensor *out, *lse;
     int dp;
-    void (*qk)(int, int, int64_t, const float *, int, const void *const *, int, float *);
-    void (*pv)(int, int, int64_t, const float *, const void *const *, int, float *, int);
+    void (*qk)(int, int, int64_t, const float *, int, const void *const *, int,
+               const void *const *, int, float *);
+    void (*qk16)(int, int, int64_t, const uint16_t *, int, const void *const *, float,
+                 const void *const *, int, float *);
+    void (*pv)(int, int, int64_t, const float *, const void *const *, int, const void *const *,
+               int, float *, int);
+    int use16; /* bf16 cache and a bf16 dot product: S through qk16 */
     int (*nonfinite)(const void *const *, int, int64_t, int);
     int64_t group;      /* query heads per kv head */
     int64_t rows_total; /* (query, head) pairs of one kv head's group: group * Nq */
@@ -92,22 +97,25 @@ static void apply_mods(const flashc_kvcache_problem *pr, float *srow, int a, int
     }
 }
 
-/* Asks for the K and V rows of keys [j0, min(j0 + KEYS, end)), kv heads [h0, h1), to be
- * brought into cache. */
-static void prefetch_block(const flashc_kvcache_problem *pr, const flashc_tensor *kc,
-                           const flashc_tensor *vc, int64_t b, int64_t h0, int64_t h1,
-                           int64_t j0, int64_t end, int64_t row_bytes)
+/* The rows of keys [j0, min(j0 + KEYS, end)) of kv head h (none when j0 >= end); returns
+ * their count. */
+static int block_rows(const flashc_kvcache_problem *pr, const flashc_tensor *cache, int64_t b,
+                      int64_t h, int64_t j0, int64_t end, const void **rows)
 {
-    const int64_t j1 = j0 + KEYS < end ? j0 + KEYS : end;
-    for (int64_t j = j0; j < j1; j++)
-        for (int64_t h = h0; h < h1; h++) {
-            const char *kr = flashc_kvcache_row(pr, kc, b, j, h);
-            const char *vr = flashc_kvcache_row(pr, vc, b, j, h);
-            for (int64_t at = 0; at < row_bytes; at += 64) {
-                __builtin_prefetch(kr + at);
-                __builtin_prefetch(vr + at);
-            }
-        }
+    const int n = j0 >= end ? 0 : (int)(end - j0 < KEYS ? end - j0 : KEYS);
+    for (int c = 0; c < n; c++)
+        rows[c] = flashc_kvcache_row(pr, cache, b, j0 + c, h);
+    return n;
+}
+
+/* 1 if any of the first n probabilities of the m rows (stride KEYS) is zero. */
+static int has_zero(const float *p, int m, int n)
+{
+    int z = 0;
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < n; c++)
+            z |= p[(size_t)r * KEYS + c] == 0.0f;
+    return z;
 }
 
 /* Row r of a task: query i, query head h, kv head hk. The rows are the (query, head) pairs of
@@ -170,7 +178,8 @@ static void decode_task(void *ctx, int64_t task, int thread)
     float *row_max = s + flashc_cpu_lines(ROWS * KEYS);
     float *row_sum = row_max + flashc_cpu_lines(ROWS);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(ROWS));
-    const void *rows[KEYS];
+    const void *rows[KEYS], *next[KEYS];
+    uint16_t *q16 = (uint16_t *)qbuf; /* the bf16 path's Q, in the float Q's place */
 
     const flashc_seq sq = seq_of(pr, b);
     const int64_t off = flashc_seq_offset(bp, &sq);
@@ -185,10 +194,15 @@ static void decode_task(void *ctx, int64_t task, int thread)
         row_sum[r] = 0.0f;
         if (!row_of(job, &tr, r, &i, &h, &hk)) { /* a gap: zero Q, no key */
             memset(qbuf + (size_t)r * dp, 0, (size_t)dp * sizeof(float));
+            if (job->use16)
+                memset(q16 + (size_t)r * dp, 0, (size_t)dp * sizeof(uint16_t));
             lo[r] = hi[r] = 0;
             continue;
         }
-        flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
+        if (job->use16) /* the bf16 rows as they are; the scale goes on S */
+            flashc_cpu_pack_rows16(q16 + (size_t)r * dp, dp, job->q, b, i, 1, h);
+        else
+            flashc_cpu_pack_rows(qbuf + (size_t)r * dp, dp, job->q, b, i, 1, h, bp->scale);
         flashc_seq_key_range(bp, &sq, i, &lo[r], &hi[r]);
         lo[r] = lo[r] > ks ? lo[r] : ks;
         hi[r] = hi[r] < ke ? hi[r] : ke;
@@ -201,20 +215,26 @@ static void decode_task(void *ctx, int64_t task, int thread)
      * never read stale values */
     memset(acc, 0, (size_t)ROWS * dp * sizeof(float));
     const int mods = flashc_cpu_has_mods(bp);
-    const int64_t row_bytes = dim * pr->elem_size, h1 = tr.hk0 + tr.nheads;
 
     /* the kv heads of a task are read together, key by key: a cache row holds them side by
      * side, so the task walks memory forward instead of striding over the other heads (one
-     * task per kv head reached a tenth of the bandwidth, stalled on TLB and cache misses) */
-    prefetch_block(pr, job->kc, job->vc, b, tr.hk0, h1, jbeg, jend, row_bytes);
+     * task per kv head reached a tenth of the bandwidth, stalled on TLB and cache misses).
+     * While a head's rows of one block are used, the kernels ask for the same head's rows of
+     * the next block, a line at a time between their arithmetic: the hardware's own
+     * prefetchers did not keep up with the head-by-head order, and one burst of requests for
+     * a whole block (128 KiB at d = 128, bf16, 4 kv heads) only stalled the core. */
     for (int64_t j0 = jbeg; j0 < jend; j0 += KEYS) {
         const int n = (int)(jend - j0 < KEYS ? jend - j0 : KEYS);
-        prefetch_block(pr, job->kc, job->vc, b, tr.hk0, h1, j0 + KEYS, jend, row_bytes);
         for (int64_t t = 0; t < tr.nheads; t++) {
-            for (int c = 0; c < n; c++)
-                rows[c] = flashc_kvcache_row(pr, job->kc, b, j0 + c, tr.hk0 + t);
-            job->qk(tr.seg, n, dim, qbuf + (size_t)t * tr.stride * dp, dp, rows, bp->dtype,
-                    s + (size_t)t * tr.stride * KEYS);
+            block_rows(pr, job->kc, b, tr.hk0 + t, j0, jend, rows);
+            const int nn = block_rows(pr, job->kc, b, tr.hk0 + t, j0 + KEYS, jend, next);
+            float *st = s + (size_t)t * tr.stride * KEYS;
+            if (job->use16)
+                job->qk16(tr.seg, n, dim, q16 + (size_t)t * tr.stride * dp, dp, rows,
+                          bp->scale, next, nn, st);
+            else
+                job->qk(tr.seg, n, dim, qbuf + (size_t)t * tr.stride * dp, dp, rows,
+                        bp->dtype, next, nn, st);
         }
         for (int r = 0; r < m; r++) {
             int64_t a = lo[r] - j0, e = hi[r] - j0;
@@ -236,12 +256,15 @@ static void decode_task(void *ctx, int64_t task, int thread)
         for (int64_t t = 0; t < tr.nheads; t++) {
             float *at = acc + (size_t)t * tr.stride * dp;
             const float *pt = s + (size_t)t * tr.stride * KEYS;
-            for (int c = 0; c < n; c++)
-                rows[c] = flashc_kvcache_row(pr, job->vc, b, j0 + c, tr.hk0 + t);
-            if (job->nonfinite(rows, n, dim, bp->dtype)) /* skip the keys a row does not see */
+            block_rows(pr, job->vc, b, tr.hk0 + t, j0, jend, rows);
+            const int nn = block_rows(pr, job->vc, b, tr.hk0 + t, j0 + KEYS, jend, next);
+            /* the product that skips zero probabilities only where one is zero and a value
+             * row is NaN or inf (0 x inf would be NaN): a block that every row sees whole,
+             * the common case, has no zero and needs no scan of V */
+            if (has_zero(pt, tr.seg, n) && job->nonfinite(rows, n, dim, bp->dtype))
                 flashc_cpu_acc_rows_sparse(tr.seg, n, dp, pt, rows, bp->dtype, dim, at);
             else
-                job->pv(tr.seg, n, dim, pt, rows, bp->dtype, at, dp);
+                job->pv(tr.seg, n, dim, pt, rows, bp->dtype, next, nn, at, dp);
         }
     }
 
@@ -357,6 +380,9 @@ flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_probl
     const flashc_cpu_kernels *gk = &flashc_cpu_kernels_generic;
     job.qk = st->kernels->decode_qk ? st->kernels->decode_qk : gk->decode_qk;
     job.pv = st->kernels->decode_pv ? st->kernels->decode_pv : gk->decode_pv;
+    job.qk16 = st->kernels->decode_qk16;
+    job.use16 = bp->dtype == FLASHC_BF16 && job.qk16 && st->kernels->bf16_supported &&
+                st->kernels->bf16_supported();
     job.nonfinite = st->kernels->rows_nonfinite ? st->kernels->rows_nonfinite
                                                 : gk->rows_nonfinite;
     job.rows_total = job.group * bp->seqlen_q;

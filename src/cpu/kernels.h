@@ -103,17 +103,26 @@ typedef struct flashc_cpu_kernels {
      * block is n <= 64 keys, each given by the address of its row (any dtype: 1 f32, 2 f16,
      * 3 bf16, the flashc_dtype values; d elements, contiguous, any alignment), against
      * m <= 64 float32 rows (query, head) of Q (stride dp, zero from d to dp). NULL where
-     * the set has none: the generic set's then run.
+     * the set has none: the generic set's then run. pf (NULL or npf row addresses, same
+     * dtype and length) are the rows the caller reads next: the kernels ask for them to be
+     * brought into cache a few at a time as they go, so the memory requests overlap the
+     * arithmetic instead of coming in one burst the core waits for.
      *   decode_qk: s[r][c] = q[r] . k[c]  for r < m, c < n (s of row stride 64; columns up
      *     to the next multiple of 16 may be written).
+     *   decode_qk16 (bf16 caches, sets with a bf16 dot product; NULL elsewhere, and used
+     *     only where bf16_supported says so): s[r][c] = scale * (q16[r] . k[c]) with q16
+     *     bf16 rows of stride dp, zero from d to dp, and float32 accumulation.
      *   decode_pv: o[r][0:d] += sum_c p[r][c] v[c] (p of row stride 64, o of stride dp).
      *     Each value row is read once for all m rows.
      *   rows_nonfinite: 1 if any of the n rows holds a NaN or inf (such a block takes the
      *     product that skips zero probabilities, cpu_nonfinite.c). */
     void (*decode_qk)(int m, int n, int64_t d, const float *q, int dp, const void *const *k,
-                      int dtype, float *s);
+                      int dtype, const void *const *pf, int npf, float *s);
+    void (*decode_qk16)(int m, int n, int64_t d, const uint16_t *q16, int dp,
+                        const void *const *k, float scale, const void *const *pf, int npf,
+                        float *s);
     void (*decode_pv)(int m, int n, int64_t d, const float *p, const void *const *v,
-                      int dtype, float *o, int dp);
+                      int dtype, const void *const *pf, int npf, float *o, int dp);
     int (*rows_nonfinite)(const void *const *rows, int n, int64_t d, int dtype);
 } flashc_cpu_kernels;
 

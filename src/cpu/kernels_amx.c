@@ -232,15 +232,22 @@ static void amx_pair_p16(uint16_t *dst, const float *src, int m, int n)
 }
 
 static void amx_decode_qk(int m, int n, int64_t d, const float *q, int dp, const void *const *k,
-                          int dtype, float *s)
+                          int dtype, const void *const *pf, int npf, float *s)
 {
-    flashc_cpu_kernels_avx512.decode_qk(m, n, d, q, dp, k, dtype, s);
+    flashc_cpu_kernels_avx512.decode_qk(m, n, d, q, dp, k, dtype, pf, npf, s);
+}
+
+static void amx_decode_qk16(int m, int n, int64_t d, const uint16_t *q16, int dp,
+                            const void *const *k, float scale, const void *const *pf, int npf,
+                            float *s)
+{
+    flashc_cpu_kernels_avx512.decode_qk16(m, n, d, q16, dp, k, scale, pf, npf, s);
 }
 
 static void amx_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
-                          int dtype, float *o, int dp)
+                          int dtype, const void *const *pf, int npf, float *o, int dp)
 {
-    flashc_cpu_kernels_avx512.decode_pv(m, n, d, p, v, dtype, o, dp);
+    flashc_cpu_kernels_avx512.decode_pv(m, n, d, p, v, dtype, pf, npf, o, dp);
 }
 
 static int amx_rows_nonfinite(const void *const *rows, int n, int64_t d, int dtype)
@@ -264,6 +271,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .pair_p16 = amx_pair_p16,
     .bf16_supported = amx_supported,
     .decode_qk = amx_decode_qk,
+    .decode_qk16 = amx_decode_qk16,
     .decode_pv = amx_decode_pv,
     .rows_nonfinite = amx_rows_nonfinite,
 };

@@ -325,23 +325,35 @@ static inline __m512 avx512_sum16(__m512 *v)
                          _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
 }
 
+/* The lines of row c of pf (if there is one), asked for while row c of the block is used. */
+static inline void avx512_prefetch_row(const void *const *pf, int npf, int c, int64_t bytes)
+{
+    if (c < npf)
+        for (int64_t at = 0; at < bytes; at += 64)
+            _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T0);
+}
+
 /* 16 keys at a time: their rows are converted once into an L1 buffer, then each query row
  * takes 16 dot products against it and the add tree turns the 16 accumulators into 16
  * scores. Every key row is read from memory once for all m rows. */
 static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
-                             const void *const *k, int dtype, float *s)
+                             const void *const *k, int dtype, const void *const *pf, int npf,
+                             float *s)
 {
     const int nch = (int)((d + 15) / 16), ld = nch * 16;
     const __mmask16 tail = avx512_tail_mask(d);
+    const int64_t bytes = d * (dtype == FLASHC_F32 ? 4 : 2);
     float tmp[16 * FLASHC_MAX_HEAD_DIM] __attribute__((aligned(64)));
     for (int g0 = 0; g0 < n; g0 += 16) {
         const int gn = n - g0 < 16 ? n - g0 : 16;
-        for (int c = 0; c < 16; c++)
+        for (int c = 0; c < 16; c++) {
+            avx512_prefetch_row(pf, npf, g0 + c, bytes);
             for (int ch = 0; ch < nch; ch++)
                 _mm512_store_ps(tmp + c * ld + 16 * ch,
                                 c < gn ? avx512_row16(k[g0 + c], 16 * ch, dtype,
                                                       ch == nch - 1 ? tail : 0xffff)
                                        : _mm512_setzero_ps());
+        }
         for (int r = 0; r < m; r++) {
             const float *qr = q + (ptrdiff_t)r * dp;
             __m512 acc[16];
@@ -358,22 +370,68 @@ static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
     }
 }
 
+/* bf16 keys against bf16 Q with vdpbf16ps, straight from the rows: no conversion, no
+ * buffer, and half the multiply-add instructions of the float32 loop. Each query row takes
+ * 16 keys' dot products in 16 accumulators (two dims per lane per instruction), folded by
+ * the add tree. The first row brings the 16 key rows (8 KiB at most) into L1; the others
+ * read them there. */
+static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *q16, int dp,
+                                       const void *const *k, float scale,
+                                       const void *const *pf, int npf, float *s)
+{
+    const int nch = (int)((d + 31) / 32);
+    const __mmask32 tail = (d & 31) ? (__mmask32)((1u << (d & 31)) - 1) : (__mmask32)~0u;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const void *rows[16];
+    for (int g0 = 0; g0 < n; g0 += 16) {
+        const int gn = n - g0 < 16 ? n - g0 : 16;
+        for (int c = 0; c < 16; c++) { /* keys past n: the first again, scores unused */
+            rows[c] = k[g0 + (c < gn ? c : 0)];
+            avx512_prefetch_row(pf, npf, g0 + c, d * 2);
+        }
+        for (int r = 0; r < m; r++) {
+            const uint16_t *qr = q16 + (ptrdiff_t)r * dp;
+            __m512 acc[16];
+            for (int c = 0; c < 16; c++)
+                acc[c] = _mm512_setzero_ps();
+            for (int ch = 0; ch < nch; ch++) {
+                const __m512bh qv = (__m512bh)_mm512_load_si512((const void *)(qr + 32 * ch));
+                const __mmask32 mk = ch == nch - 1 ? tail : (__mmask32)~0u;
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++)
+                    acc[c] = _mm512_dpbf16_ps(
+                        acc[c], qv,
+                        (__m512bh)_mm512_maskz_loadu_epi16(
+                            mk, (const uint16_t *)rows[c] + 32 * ch));
+            }
+            _mm512_storeu_ps(s + r * FLASHC_CPU_BLOCK_N + g0,
+                             _mm512_mul_ps(avx512_sum16(acc), vscale));
+        }
+    }
+}
+
 /* rm (constant after inlining) rows of O, 16 dims at a time in registers, while the value
  * rows stream past: one load and conversion of each 16 values serves all rm rows. */
 static inline __attribute__((always_inline)) void
 avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const *v, int dtype,
-               float *o, int dp)
+               const void *const *pf, int npf, float *o, int dp)
 {
     const int nch = (int)((d + 15) / 16);
     const __mmask16 tail = avx512_tail_mask(d);
+    const int64_t es = dtype == FLASHC_F32 ? 4 : 2, bytes = d * es;
     for (int ch = 0; ch < nch; ch++) {
         const __mmask16 mask = ch == nch - 1 ? tail : 0xffff;
+        /* the next rows' line that holds these dims, if it starts here, one per key */
+        const int64_t line = 16 * ch * es;
+        const int pfn = pf && (line & 63) < 16 * es && line < bytes ? npf : 0;
         __m512 acc[8];
 #pragma GCC unroll 8
         for (int r = 0; r < rm; r++)
             acc[r] = _mm512_load_ps(o + (ptrdiff_t)r * dp + 16 * ch);
         for (int c = 0; c < n; c++) {
             const __m512 vv = avx512_row16(v[c], 16 * ch, dtype, mask);
+            if (c < pfn)
+                _mm_prefetch((const char *)pf[c] + line, _MM_HINT_T0);
 #pragma GCC unroll 8
             for (int r = 0; r < rm; r++)
                 acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * FLASHC_CPU_BLOCK_N + c]), vv,
@@ -387,9 +445,9 @@ avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const
 
 #define PV_ROWS(RM)                                                                          \
     static void avx512_pv_##RM(int n, int64_t d, const float *p, const void *const *v,       \
-                               int dtype, float *o, int dp)                                  \
+                               int dtype, const void *const *pf, int npf, float *o, int dp)  \
     {                                                                                         \
-        avx512_pv_rows(RM, n, d, p, v, dtype, o, dp);                                         \
+        avx512_pv_rows(RM, n, d, p, v, dtype, pf, npf, o, dp);                                \
     }
 PV_ROWS(1)
 PV_ROWS(2)
@@ -399,16 +457,18 @@ PV_ROWS(5)
 PV_ROWS(6)
 PV_ROWS(7)
 PV_ROWS(8)
-typedef void (*pv_fn)(int, int64_t, const float *, const void *const *, int, float *, int);
+typedef void (*pv_fn)(int, int64_t, const float *, const void *const *, int,
+                      const void *const *, int, float *, int);
 static const pv_fn pv_tiles[9] = {NULL,      avx512_pv_1, avx512_pv_2, avx512_pv_3, avx512_pv_4,
                                   avx512_pv_5, avx512_pv_6, avx512_pv_7, avx512_pv_8};
 
 static void avx512_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
-                             int dtype, float *o, int dp)
+                             int dtype, const void *const *pf, int npf, float *o, int dp)
 {
-    for (int r0 = 0; r0 < m; r0 += 8) {
+    for (int r0 = 0; r0 < m; r0 += 8) { /* the first pass over the rows asks for the next */
         const int rm = m - r0 < 8 ? m - r0 : 8;
-        pv_tiles[rm](n, d, p + r0 * FLASHC_CPU_BLOCK_N, v, dtype, o + (ptrdiff_t)r0 * dp, dp);
+        pv_tiles[rm](n, d, p + r0 * FLASHC_CPU_BLOCK_N, v, dtype, r0 ? NULL : pf, npf,
+                     o + (ptrdiff_t)r0 * dp, dp);
     }
 }
 
@@ -454,6 +514,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .pair_p16 = avx512_pair_p16,
     .bf16_supported = avx512_bf16_supported,
     .decode_qk = avx512_decode_qk,
+    .decode_qk16 = avx512_decode_qk16,
     .decode_pv = avx512_decode_pv,
     .rows_nonfinite = avx512_rows_nonfinite,
 };

@@ -121,8 +121,10 @@ static void generic_p_ds(float *s, float *dp, int m, int n, const int *ncols, fl
 }
 
 static void generic_decode_qk(int m, int n, int64_t d, const float *q, int dp,
-                              const void *const *k, int dtype, float *s)
+                              const void *const *k, int dtype, const void *const *pf, int npf,
+                              float *s)
 {
+    (void)pf, (void)npf; /* plain C leaves the memory requests to the hardware */
     float row[FLASHC_MAX_HEAD_DIM];
     for (int c = 0; c < n; c++) {
         flashc_load_row(row, k[c], (flashc_dtype)dtype, d);
@@ -137,8 +139,9 @@ static void generic_decode_qk(int m, int n, int64_t d, const float *q, int dp,
 }
 
 static void generic_decode_pv(int m, int n, int64_t d, const float *p, const void *const *v,
-                              int dtype, float *o, int dp)
+                              int dtype, const void *const *pf, int npf, float *o, int dp)
 {
+    (void)pf, (void)npf;
     float row[FLASHC_MAX_HEAD_DIM];
     for (int c = 0; c < n; c++) {
         flashc_load_row(row, v[c], (flashc_dtype)dtype, d);
