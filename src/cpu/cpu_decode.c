@@ -43,7 +43,9 @@ typedef struct decode_job {
                  const void *const *, int, float *);
     void (*pv)(int, int, int64_t, const float *, const void *const *, int, const void *const *,
                int, float *, int);
-    int use16; /* bf16 cache and a bf16 dot product: S through qk16 */
+    void (*pv16)(int, int, int64_t, const uint16_t *, const void *const *, const void *const *,
+                 int, float *, int);
+    int use16; /* bf16 cache and a bf16 dot product: S through qk16, O through pv16 */
     int (*nonfinite)(const void *const *, int, int64_t, int);
     int64_t group;      /* query heads per kv head */
     int64_t rows_total; /* (query, head) pairs of one kv head's group: group * Nq */
@@ -62,6 +64,7 @@ static size_t decode_scratch_floats(int dp)
 {
     return flashc_cpu_lines((size_t)ROWS * dp) * 2 + /* Q, O */
            flashc_cpu_lines(ROWS * KEYS) +           /* S / P */
+           flashc_cpu_lines(ROWS * KEYS / 2) +       /* P as bf16 */
            flashc_cpu_lines(ROWS) * 3;               /* max, sum, ncols */
 }
 
@@ -178,6 +181,7 @@ static void decode_task(void *ctx, int64_t task, int thread)
     float *row_max = s + flashc_cpu_lines(ROWS * KEYS);
     float *row_sum = row_max + flashc_cpu_lines(ROWS);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(ROWS));
+    uint16_t *p16 = (uint16_t *)(row_sum + 2 * flashc_cpu_lines(ROWS));
     const void *rows[KEYS], *next[KEYS];
     uint16_t *q16 = (uint16_t *)qbuf; /* the bf16 path's Q, in the float Q's place */
 
@@ -261,10 +265,15 @@ static void decode_task(void *ctx, int64_t task, int thread)
             /* the product that skips zero probabilities only where one is zero and a value
              * row is NaN or inf (0 x inf would be NaN): a block that every row sees whole,
              * the common case, has no zero and needs no scan of V */
-            if (has_zero(pt, tr.seg, n) && job->nonfinite(rows, n, dim, bp->dtype))
+            if (has_zero(pt, tr.seg, n) && job->nonfinite(rows, n, dim, bp->dtype)) {
                 flashc_cpu_acc_rows_sparse(tr.seg, n, dp, pt, rows, bp->dtype, dim, at);
-            else
+            } else if (job->use16) {
+                uint16_t *p16t = p16 + (size_t)t * tr.stride * KEYS;
+                kern->round_p16(p16t, pt, tr.seg, n);
+                job->pv16(tr.seg, n, dim, p16t, rows, next, nn, at, dp);
+            } else {
                 job->pv(tr.seg, n, dim, pt, rows, bp->dtype, next, nn, at, dp);
+            }
         }
     }
 
@@ -381,8 +390,9 @@ flashc_status flashc_cpu_forward_kvcache(void *state, const flashc_kvcache_probl
     job.qk = st->kernels->decode_qk ? st->kernels->decode_qk : gk->decode_qk;
     job.pv = st->kernels->decode_pv ? st->kernels->decode_pv : gk->decode_pv;
     job.qk16 = st->kernels->decode_qk16;
-    job.use16 = bp->dtype == FLASHC_BF16 && job.qk16 && st->kernels->bf16_supported &&
-                st->kernels->bf16_supported();
+    job.pv16 = st->kernels->decode_pv16;
+    job.use16 = bp->dtype == FLASHC_BF16 && job.qk16 && job.pv16 && st->kernels->round_p16 &&
+                st->kernels->bf16_supported && st->kernels->bf16_supported();
     job.nonfinite = st->kernels->rows_nonfinite ? st->kernels->rows_nonfinite
                                                 : gk->rows_nonfinite;
     job.rows_total = job.group * bp->seqlen_q;

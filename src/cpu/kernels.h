@@ -114,6 +114,9 @@ typedef struct flashc_cpu_kernels {
      *     bf16 rows of stride dp, zero from d to dp, and float32 accumulation.
      *   decode_pv: o[r][0:d] += sum_c p[r][c] v[c] (p of row stride 64, o of stride dp).
      *     Each value row is read once for all m rows.
+     *   decode_pv16 (bf16 caches, with decode_qk16): the same with P rounded to bf16
+     *     (p16 [m][64], zero from n to the next even column) and float32 accumulation, as
+     *     the forward's gemm_acc16.
      *   rows_nonfinite: 1 if any of the n rows holds a NaN or inf (such a block takes the
      *     product that skips zero probabilities, cpu_nonfinite.c). */
     void (*decode_qk)(int m, int n, int64_t d, const float *q, int dp, const void *const *k,
@@ -123,6 +126,8 @@ typedef struct flashc_cpu_kernels {
                         float *s);
     void (*decode_pv)(int m, int n, int64_t d, const float *p, const void *const *v,
                       int dtype, const void *const *pf, int npf, float *o, int dp);
+    void (*decode_pv16)(int m, int n, int64_t d, const uint16_t *p16, const void *const *v,
+                        const void *const *pf, int npf, float *o, int dp);
     int (*rows_nonfinite)(const void *const *rows, int n, int64_t d, int dtype);
 } flashc_cpu_kernels;
 

@@ -250,6 +250,12 @@ static void amx_decode_pv(int m, int n, int64_t d, const float *p, const void *c
     flashc_cpu_kernels_avx512.decode_pv(m, n, d, p, v, dtype, pf, npf, o, dp);
 }
 
+static void amx_decode_pv16(int m, int n, int64_t d, const uint16_t *p16, const void *const *v,
+                            const void *const *pf, int npf, float *o, int dp)
+{
+    flashc_cpu_kernels_avx512.decode_pv16(m, n, d, p16, v, pf, npf, o, dp);
+}
+
 static int amx_rows_nonfinite(const void *const *rows, int n, int64_t d, int dtype)
 {
     return flashc_cpu_kernels_avx512.rows_nonfinite(rows, n, d, dtype);
@@ -273,5 +279,6 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .decode_qk = amx_decode_qk,
     .decode_qk16 = amx_decode_qk16,
     .decode_pv = amx_decode_pv,
+    .decode_pv16 = amx_decode_pv16,
     .rows_nonfinite = amx_rows_nonfinite,
 };

@@ -413,7 +413,8 @@ static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *
 /* rm (constant after inlining) rows of O, 16 dims at a time in registers, while the value
  * rows stream past: one load and conversion of each 16 values serves all rm rows. */
 static inline __attribute__((always_inline)) void
-avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const *v, int dtype,
+avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const *v,
+               const int dtype,
                const void *const *pf, int npf, float *o, int dp)
 {
     const int nch = (int)((d + 15) / 16);
@@ -443,11 +444,17 @@ avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const
     }
 }
 
+/* one copy per dtype, so the conversion is chosen once, not per key */
 #define PV_ROWS(RM)                                                                          \
     static void avx512_pv_##RM(int n, int64_t d, const float *p, const void *const *v,       \
                                int dtype, const void *const *pf, int npf, float *o, int dp)  \
     {                                                                                         \
-        avx512_pv_rows(RM, n, d, p, v, dtype, pf, npf, o, dp);                                \
+        if (dtype == FLASHC_F32)                                                              \
+            avx512_pv_rows(RM, n, d, p, v, FLASHC_F32, pf, npf, o, dp);                       \
+        else if (dtype == FLASHC_F16)                                                         \
+            avx512_pv_rows(RM, n, d, p, v, FLASHC_F16, pf, npf, o, dp);                       \
+        else                                                                                  \
+            avx512_pv_rows(RM, n, d, p, v, FLASHC_BF16, pf, npf, o, dp);                      \
     }
 PV_ROWS(1)
 PV_ROWS(2)
@@ -469,6 +476,91 @@ static void avx512_decode_pv(int m, int n, int64_t d, const float *p, const void
         const int rm = m - r0 < 8 ? m - r0 : 8;
         pv_tiles[rm](n, d, p + r0 * FLASHC_CPU_BLOCK_N, v, dtype, r0 ? NULL : pf, npf,
                      o + (ptrdiff_t)r0 * dp, dp);
+    }
+}
+
+/* bf16 values against P rounded to bf16 (as the forward's bf16 path rounds it) with
+ * vdpbf16ps over pairs of keys: the rows of keys c and c + 1 are interleaved in registers
+ * (two vpermt2w per 32 dims), and each row of O takes two multiply-adds per lane per
+ * instruction, with no conversion of V. rm (constant after inlining) rows of O, 32 dims at a
+ * time, stay in registers while the value rows stream past. */
+static inline __attribute__((always_inline)) BF16_FN void
+avx512_pv16_rows(const int rm, int n, int64_t d, const uint16_t *p16, const void *const *v,
+                 const void *const *pf, int npf, float *o, int dp)
+{
+    const int nch = (int)((d + 31) / 32);
+    const __mmask32 tail = (d & 31) ? (__mmask32)((1u << (d & 31)) - 1) : (__mmask32)~0u;
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41,
+                                            9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2,
+                                            33, 1, 32, 0);
+    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    for (int ch = 0; ch < nch; ch++) {
+        const __mmask32 mk = ch == nch - 1 ? tail : (__mmask32)~0u;
+        const int pfn = pf ? npf : 0; /* 32 bf16: one line of each next row */
+        __m512 lo[8], hi[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < rm; r++) {
+            lo[r] = _mm512_load_ps(o + (ptrdiff_t)r * dp + 32 * ch);
+            hi[r] = _mm512_load_ps(o + (ptrdiff_t)r * dp + 32 * ch + 16);
+        }
+        for (int c = 0; c < n; c += 2) {
+            const __m512i a = _mm512_maskz_loadu_epi16(mk, (const uint16_t *)v[c] + 32 * ch);
+            /* past an odd n: zeros (its P is zero too, and a row there may not exist) */
+            const __m512i b = c + 1 < n ? _mm512_maskz_loadu_epi16(
+                                              mk, (const uint16_t *)v[c + 1] + 32 * ch)
+                                        : _mm512_setzero_si512();
+            if (c < pfn)
+                _mm_prefetch((const char *)pf[c] + 64 * ch, _MM_HINT_T0);
+            if (c + 1 < pfn)
+                _mm_prefetch((const char *)pf[c + 1] + 64 * ch, _MM_HINT_T0);
+            const __m512bh vl = (__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b);
+            const __m512bh vh = (__m512bh)_mm512_permutex2var_epi16(a, hi_idx, b);
+#pragma GCC unroll 8
+            for (int r = 0; r < rm; r++) {
+                int32_t pair;
+                __builtin_memcpy(&pair, p16 + r * FLASHC_CPU_BLOCK_N + c, sizeof pair);
+                const __m512bh pr = (__m512bh)_mm512_set1_epi32(pair);
+                lo[r] = _mm512_dpbf16_ps(lo[r], pr, vl);
+                hi[r] = _mm512_dpbf16_ps(hi[r], pr, vh);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < rm; r++) {
+            _mm512_store_ps(o + (ptrdiff_t)r * dp + 32 * ch, lo[r]);
+            _mm512_store_ps(o + (ptrdiff_t)r * dp + 32 * ch + 16, hi[r]);
+        }
+    }
+}
+
+#define PV16_ROWS(RM)                                                                        \
+    static BF16_FN void avx512_pv16_##RM(int n, int64_t d, const uint16_t *p,                \
+                                         const void *const *v, const void *const *pf,        \
+                                         int npf, float *o, int dp)                          \
+    {                                                                                         \
+        avx512_pv16_rows(RM, n, d, p, v, pf, npf, o, dp);                                     \
+    }
+PV16_ROWS(1)
+PV16_ROWS(2)
+PV16_ROWS(3)
+PV16_ROWS(4)
+PV16_ROWS(5)
+PV16_ROWS(6)
+PV16_ROWS(7)
+PV16_ROWS(8)
+typedef void (*pv16_fn)(int, int64_t, const uint16_t *, const void *const *,
+                        const void *const *, int, float *, int);
+static const pv16_fn pv16_tiles[9] = {NULL,         avx512_pv16_1, avx512_pv16_2,
+                                      avx512_pv16_3, avx512_pv16_4, avx512_pv16_5,
+                                      avx512_pv16_6, avx512_pv16_7, avx512_pv16_8};
+
+static void avx512_decode_pv16(int m, int n, int64_t d, const uint16_t *p16,
+                               const void *const *v, const void *const *pf, int npf, float *o,
+                               int dp)
+{
+    for (int r0 = 0; r0 < m; r0 += 8) {
+        const int rm = m - r0 < 8 ? m - r0 : 8;
+        pv16_tiles[rm](n, d, p16 + r0 * FLASHC_CPU_BLOCK_N, v, r0 ? NULL : pf, npf,
+                       o + (ptrdiff_t)r0 * dp, dp);
     }
 }
 
@@ -516,5 +608,6 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .decode_qk = avx512_decode_qk,
     .decode_qk16 = avx512_decode_qk16,
     .decode_pv = avx512_decode_pv,
+    .decode_pv16 = avx512_decode_pv16,
     .rows_nonfinite = avx512_rows_nonfinite,
 };
