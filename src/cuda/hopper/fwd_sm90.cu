@@ -66,9 +66,13 @@ typedef struct sm90_fwd_params {
     int causal_offset; /* seqlen_k - seqlen_q (bottom-right) or 0 (top-left) */
     float scale_log2;  /* the exponent's factor: softmax scale * log2(e), > 0; 1 in a feature
                           kernel whose scores are transformed into the log2 domain first */
-    /* Read only by the feature kernels (FEAT = 1). Query i sees key j when
-     * j >= i + off - left (has_left) and j <= i + off + right (has_right), j < seqlen_k:
-     * causal and the window folded into one band. */
+} sm90_fwd_params;
+
+/* What only the feature kernels (FEAT = 1) read: a kernel parameter of its own, so that the
+ * plain kernels' parameters, and with them their code, stay as they were. Query i sees key j
+ * when j >= i + off - left (has_left) and j <= i + off + right (has_right), j < seqlen_k:
+ * causal and the window folded into one band. */
+typedef struct sm90_fwd_feat {
     int off;           /* flashc.h's diagonal offset: 0 top-left, else seqlen_k - seqlen_q */
     int has_left, has_right, left, right;
     int transform;     /* softcap or ALiBi: scores go to the log2 domain before the max */
@@ -78,7 +82,7 @@ typedef struct sm90_fwd_params {
     float softcap_log2; /* softcap * log2(e) */
     const float *alibi; /* slope of (b, h) at alibi[b * alibi_sb + h] */
     int64_t alibi_sb;
-} sm90_fwd_params;
+} sm90_fwd_feat;
 
 #define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
 #define SM90_THREADS 384    /* producer warpgroup + 2 consumer warpgroups */
@@ -170,17 +174,17 @@ static __device__ __forceinline__ void sm90_online_softmax(float (&s)[BN / 2], f
 
 /* The band of keys query i sees, [sm90_key_lo, sm90_key_hi), clamped to [0, seqlen_k]; both
  * grow with i. 64-bit, because a window may be as wide as INT32_MAX. */
-static __device__ __forceinline__ int sm90_key_lo(const sm90_fwd_params &p, int i)
+static __device__ __forceinline__ int sm90_key_lo(const sm90_fwd_params &p, const sm90_fwd_feat &f, int i)
 {
-    if (!p.has_left) return 0;
-    const long long x = (long long)i + p.off - p.left;
+    if (!f.has_left) return 0;
+    const long long x = (long long)i + f.off - f.left;
     return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
 }
 
-static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, int i)
+static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, const sm90_fwd_feat &f, int i)
 {
-    if (!p.has_right) return p.seqlen_k;
-    const long long x = (long long)i + p.off + p.right + 1;
+    if (!f.has_right) return p.seqlen_k;
+    const long long x = (long long)i + f.off + f.right + 1;
     return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
 }
 
@@ -190,8 +194,8 @@ static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, int 
  * consumers compute the same range for the same tile, which keeps the pipeline's phases in
  * step. */
 template <int BM, int BN, int FEAT>
-static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p, int m0, int &first,
-                                                       int &n)
+static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p, const sm90_fwd_feat &f,
+                                                       int m0, int &first, int &n)
 {
     const int last = min(m0 + BM, p.seqlen_q) - 1;
     first = 0;
@@ -200,7 +204,7 @@ static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p,
         if (p.causal) n_end = min(n_end, last + p.causal_offset + 1);
         n = n_end > 0 ? (n_end + BN - 1) / BN : 0;
     } else {
-        const int lo = sm90_key_lo(p, m0), hi = sm90_key_hi(p, last);
+        const int lo = sm90_key_lo(p, f, m0), hi = sm90_key_hi(p, f, last);
         n = 0;
         if (lo < hi) {
             first = lo / BN;
@@ -214,17 +218,17 @@ static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p,
  * row0 + off - n0 - 2 (lane % 4), the distance of this thread's first score. tanhf rather than
  * the approximate instruction, whose error the softcap would multiply. */
 template <int BN>
-static __device__ __forceinline__ void sm90_transform(float (&s)[BN / 2], const sm90_fwd_params &p,
+static __device__ __forceinline__ void sm90_transform(float (&s)[BN / 2], const sm90_fwd_feat &f,
                                                       float slope2, int d0)
 {
-    if (p.softcap_on) {
+    if (f.softcap_on) {
 #pragma unroll
-        for (int j = 0; j < BN / 2; j++) s[j] = p.softcap_log2 * tanhf(s[j] * p.softcap_pre);
+        for (int j = 0; j < BN / 2; j++) s[j] = f.softcap_log2 * tanhf(s[j] * f.softcap_pre);
     } else {
 #pragma unroll
-        for (int j = 0; j < BN / 2; j++) s[j] *= p.score_log2;
+        for (int j = 0; j < BN / 2; j++) s[j] *= f.score_log2;
     }
-    if (p.alibi_on) {
+    if (f.alibi_on) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             /* exact in float while the distance is below 2^24 */
@@ -242,13 +246,14 @@ static __device__ __forceinline__ void sm90_transform(float (&s)[BN / 2], const 
 /* The band mask of a feature kernel: -inf outside [key_lo(row), key_hi(row)) of each row. */
 template <int BN>
 static __device__ __forceinline__ void sm90_mask_band(float (&s)[BN / 2], int n0, int row0,
-                                                      const sm90_fwd_params &p, int lane)
+                                                      const sm90_fwd_params &p, const sm90_fwd_feat &f,
+                                                      int lane)
 {
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int row = row0 + 8 * hr;
-        const int lo = sm90_key_lo(p, row) - n0 - 2 * (lane & 3);
-        const int hi = sm90_key_hi(p, row) - n0 - 2 * (lane & 3);
+        const int lo = sm90_key_lo(p, f, row) - n0 - 2 * (lane & 3);
+        const int hi = sm90_key_hi(p, f, row) - n0 - 2 * (lane & 3);
 #pragma unroll
         for (int j = 0; j < BN / 2; j++)
             if (((j >> 1) & 1) == hr) {
@@ -324,7 +329,7 @@ template <int D, int BN, int STAGES, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
 fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
-                   const sm90_fwd_params p)
+                   const sm90_fwd_params p, const sm90_fwd_feat f)
 {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef sm90_fwd_layout<D, BN, STAGES> L;
@@ -389,7 +394,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_tile(tile, p, m_block, h, b);
                 const int hk = h / p.group, m0 = m_block * BM;
                 int first_block, n_blocks;
-                sm90_key_blocks<BM, BN, FEAT>(p, m0, first_block, n_blocks);
+                sm90_key_blocks<BM, BN, FEAT>(p, f, m0, first_block, n_blocks);
                 /* q_full completes once per tile, also for a tile that sees no key (its
                  * consumers only store zeros): that keeps the consumers from running more
                  * than one q_empty phase ahead of the producer's wait, which parity waits
@@ -452,7 +457,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_tile(tile, p, m_block, h, b);
             const int m0 = m_block * BM;
             int first_block, n_blocks;
-            sm90_key_blocks<BM, BN, FEAT>(p, m0, first_block, n_blocks);
+            sm90_key_blocks<BM, BN, FEAT>(p, f, m0, first_block, n_blocks);
             const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
             const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
 
@@ -472,10 +477,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 int band_lo_last = 0, band_hi_first = 0, alibi_d0 = 0;
                 float slope2 = 0.f;
                 if (FEAT) {
-                    band_lo_last = sm90_key_lo(p, wrow0 + 63);
-                    band_hi_first = sm90_key_hi(p, wrow0);
-                    alibi_d0 = row0 + p.off - 2 * (lane & 3);
-                    if (p.alibi_on) slope2 = p.alibi[b * p.alibi_sb + h] * 1.4426950408889634f;
+                    band_lo_last = sm90_key_lo(p, f, wrow0 + 63);
+                    band_hi_first = sm90_key_hi(p, f, wrow0);
+                    alibi_d0 = row0 + f.off - 2 * (lane & 3);
+                    if (f.alibi_on) slope2 = f.alibi[b * f.alibi_sb + h] * 1.4426950408889634f;
                 }
 #define SM90_NEED_MASK(n0_)                                                                     \
         (FEAT ? ((n0_) < band_lo_last || (n0_) + BN > band_hi_first)                            \
@@ -483,8 +488,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90_SCORES(n0_)                                                                        \
         do {                                                                                    \
             if (FEAT) {                                                                         \
-                if (p.transform) sm90_transform<BN>(s, p, slope2, alibi_d0 - (n0_));            \
-                if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, p, lane);             \
+                if (f.transform) sm90_transform<BN>(s, f, slope2, alibi_d0 - (n0_));            \
+                if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, p, f, lane);          \
             } else if (SM90_NEED_MASK(n0_)) {                                                   \
                 sm90_mask<BN>(s, n0_, row0, p, lane);                                           \
             }                                                                                   \
@@ -726,7 +731,8 @@ static int sm90_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, i
 }
 
 template <int D, int BN, int STAGES, int BF16, int FEAT>
-static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, cudaStream_t stream)
+static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
+                               cudaStream_t stream)
 {
     CUtensorMap tq, tk, tv, to;
     if (!sm90_encode(&tq, a->q, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
@@ -760,7 +766,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     sm90_fwd_params kp = *p;
     const char *sched_env = getenv("FLASHC_SM90_SCHED");
     /* A band (causal or a window) makes tiles unequal too. */
-    const int dynamic = (p->causal || p->has_left || p->has_right) && ctas < p->num_tiles &&
+    const int dynamic = (p->causal || f->has_left || f->has_right) && ctas < p->num_tiles &&
                         !(sched_env && strcmp(sched_env, "static") == 0);
     if (dynamic) {
         err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
@@ -769,7 +775,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     }
     if (err == cudaSuccess) {
         fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT><<<dim3((unsigned)ctas), SM90_THREADS, smem, stream>>>(
-            tq, tk, tv, to, kp);
+            tq, tk, tv, to, kp, *f);
         err = cudaGetLastError();
     }
     if (dynamic) {
@@ -805,34 +811,36 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
      * stays on the plain one. */
     const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
     const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL;
+    sm90_fwd_feat f;
+    memset(&f, 0, sizeof f);
     if (feat) {
-        p.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
+        f.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
         const int64_t wl = window ? a->window_left : -1, wr = window ? a->window_right : -1;
         const int64_t big = 0x7fffffff; /* wider than any sequence: the same as unbounded */
-        p.has_left = wl >= 0;
-        p.left = (int)(wl > big ? big : (wl < 0 ? 0 : wl));
+        f.has_left = wl >= 0;
+        f.left = (int)(wl > big ? big : (wl < 0 ? 0 : wl));
         /* causal is the band's right edge at the diagonal: min(window_right, 0) = 0 */
-        p.has_right = a->causal != 0 || wr >= 0;
-        p.right = a->causal != 0 ? 0 : (int)(wr > big ? big : (wr < 0 ? 0 : wr));
-        p.softcap_on = a->softcap > 0.f;
-        p.alibi_on = a->alibi_slopes != NULL;
-        p.transform = p.softcap_on || p.alibi_on;
-        p.score_log2 = p.scale_log2;
-        if (p.softcap_on) {
-            p.softcap_pre = a->scale / a->softcap;
-            p.softcap_log2 = a->softcap * 1.4426950408889634f;
+        f.has_right = a->causal != 0 || wr >= 0;
+        f.right = a->causal != 0 ? 0 : (int)(wr > big ? big : (wr < 0 ? 0 : wr));
+        f.softcap_on = a->softcap > 0.f;
+        f.alibi_on = a->alibi_slopes != NULL;
+        f.transform = f.softcap_on || f.alibi_on;
+        f.score_log2 = p.scale_log2;
+        if (f.softcap_on) {
+            f.softcap_pre = a->scale / a->softcap;
+            f.softcap_log2 = a->softcap * 1.4426950408889634f;
         }
-        p.alibi = a->alibi_slopes;
-        p.alibi_sb = a->alibi_batch_stride;
-        if (p.transform) p.scale_log2 = 1.f; /* the scores are in the log2 domain already */
+        f.alibi = a->alibi_slopes;
+        f.alibi_sb = a->alibi_batch_stride;
+        if (f.transform) p.scale_log2 = 1.f; /* the scores are in the log2 domain already */
     }
 #define X(D_, BN_, ST_)                                                                   \
     if (fc_sm90_kernel_head_dim(a->head_dim) == D_) {                                     \
         if (feat)                                                                         \
-            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 1>(a, &p, stream)               \
-                           : sm90_launch<D_, BN_, ST_, 0, 1>(a, &p, stream);              \
-        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 0>(a, &p, stream)                   \
-                       : sm90_launch<D_, BN_, ST_, 0, 0>(a, &p, stream);                  \
+            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 1>(a, &p, &f, stream)               \
+                           : sm90_launch<D_, BN_, ST_, 0, 1>(a, &p, &f, stream);              \
+        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 0>(a, &p, &f, stream)                   \
+                       : sm90_launch<D_, BN_, ST_, 0, 0>(a, &p, &f, stream);                  \
     }
     FC_SM90_FWD_CONFIGS(X)
 #undef X
