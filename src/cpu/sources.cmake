@@ -21,7 +21,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|x64)$")
     src/cpu/kernels_amx.c
   )
   target_compile_definitions(flashc_objects PRIVATE FLASHC_CPU_X86)
-  set_source_files_properties(src/cpu/kernels_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma")
+  set_source_files_properties(src/cpu/kernels_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   set_source_files_properties(src/cpu/kernels_avx512.c PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mfma")
   set_source_files_properties(src/cpu/kernels_amx.c PROPERTIES
