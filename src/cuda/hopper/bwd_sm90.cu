@@ -79,7 +79,18 @@ typedef struct sm90_bwd_params {
     int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
     int seqlen_q, seqlen_k, sqr, heads_q, group, m_blocks;
     int causal, causal_offset, deterministic;
-    float scale_log2, scale;
+    float scale_log2, scale; /* scale_log2 is 1 in a feature kernel whose scores are
+                                transformed into the log2 domain first */
+    /* Read only by the feature kernels (FEAT = 1): query i sees key j when
+     * -left <= j - i - off (has_left) and j - i - off <= right (has_right), j < seqlen_k. */
+    int off;           /* flashc.h's diagonal offset: 0 top-left, else seqlen_k - seqlen_q */
+    int has_left, has_right, left, right;
+    int transform, softcap_on, alibi_on;
+    float score_log2;   /* softmax scale * log2(e), for the transform without softcap */
+    float softcap_pre;  /* scale / softcap */
+    float softcap_log2; /* softcap * log2(e) */
+    const float *alibi;
+    int64_t alibi_sb;
 } sm90_bwd_params;
 
 /* Shared memory, every tile 1024-byte aligned: K, V, the Q ring, the dO ring, two dS buffers
@@ -195,7 +206,11 @@ static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off,
     *(uint32_t *)((uint16_t *)base + off) = sm90_pack2<BF16>(x, y);
 }
 
-template <int D, int BF16>
+/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
+ * sm90_bwd_params behind uniform run-time branches: the CTA walks only the query blocks in
+ * its key block's band, and the scores get the forward's transform and band mask; dS gets
+ * the softcap's derivative 1 - tanh^2. */
+template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90B_THREADS, 1)
 fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -222,7 +237,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
      * sees key j when j <= i + offset, so the first row that sees key n0 is n0 - offset.
      * Producer and consumers walk the same (query head, query block) list. */
     int m_min = 0, nm = p.m_blocks;
-    if (p.causal) {
+    if (FEAT) {
+        /* the band read the other way: query i sees key j when
+         * j - off - right <= i <= j - off + left, for the block's first and last key */
+        const long long j_last = min(n0 + BN, p.seqlen_k) - 1;
+        long long q_lo = 0, q_hi = p.seqlen_q;
+        if (p.has_right) q_lo = max(q_lo, (long long)n0 - p.off - p.right);
+        if (p.has_left) q_hi = min(q_hi, j_last - p.off + p.left + 1);
+        if (q_lo >= q_hi) nm = 0;
+        else {
+            m_min = (int)(q_lo / BM);
+            nm = (int)((q_hi + BM - 1) / BM) - m_min;
+        }
+    } else if (p.causal) {
         const int first = n0 - p.causal_offset;
         if (first > p.seqlen_q - 1) nm = 0;
         else {
@@ -308,6 +335,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const uint32_t sds = sbase + L::DS_OFF + (it & 1) * L::DS_BYTES;
 
                 float sc[BM / 2], dp[BM / 2];
+                /* the slope of this query head, read before the GEMMs hide its latency */
+                const float slope2 =
+                    FEAT && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
                 sm90_mbar_wait(&q_full[s], ph);
                 sm90_wgmma_fence();
                 sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
@@ -322,42 +352,107 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * get 0 (a lse2 of +inf, a row that sees no key, gives 0 too). Register pair
                  * (j, j + 1), j = 8 kk + 2 r, is key row kr_l + 8 (r % 2) and query columns
                  * 16 kk + 8 (r / 2) + qc_l + {0, 1}. */
-                const bool need_mask =
-                    kw0 + 64 > p.seqlen_k || (p.causal && kw0 + 63 > m0 + p.causal_offset);
-                if (need_mask) {
-                    /* -inf: exp2 makes it 0, whatever lse2 is */
-                    const int key0 = kw0 + kr_l;
+                bool need_mask;
+                if (FEAT) {
+                    /* whether some pair of this 64 x 64 block is outside the band: 64-bit, a
+                     * window may be as wide as INT32_MAX */
+                    const long long dmin = (long long)kw0 - (m0 + 63) - p.off, dmax = (long long)kw0 + 63 - m0 - p.off;
+                    need_mask = kw0 + 64 > p.seqlen_k || (p.has_left && dmin < -(long long)p.left) ||
+                                (p.has_right && dmax > p.right);
+                } else {
+                    need_mask = kw0 + 64 > p.seqlen_k || (p.causal && kw0 + 63 > m0 + p.causal_offset);
+                }
+                /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
+                 * and whether the band hides it. */
+                const float alibi_d0 = FEAT ? (float)(m0 + qc_l + p.off - kw0 - kr_l) : 0.f;
+#define SM90B_DIST(j_) (alibi_d0 + (float)(8 * ((j_) >> 2) + ((j_) & 1) - 8 * (((j_) >> 1) & 1)))
+#define SM90B_HIDDEN(j_)                                                                           \
+    ({                                                                                             \
+        const int key_ = kw0 + kr_l + 8 * (((j_) >> 1) & 1);                                       \
+        const int rel_ = key_ - (m0 + 8 * ((j_) >> 2) + qc_l + ((j_) & 1)) - p.off; /* |.| < 2^31 */ \
+        key_ >= p.seqlen_k || (p.has_left && rel_ < -p.left) || (p.has_right && rel_ > p.right);   \
+    })
+                /* With softcap, P^T needs the tanh of every score again for dS^T (the
+                 * derivative 1 - tanh^2): the tanh is computed now, over the dP^T product, and
+                 * kept in sc; P^T follows once dP^T is in (keeping both would spill). */
+                const bool late = FEAT && p.softcap_on;
+                if (late) {
 #pragma unroll
-                    for (int j = 0; j < BM / 2; j++) {
-                        const int key = key0 + 8 * ((j >> 1) & 1);
-                        const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
-                        if (key >= p.seqlen_k || (p.causal && key > qi + p.causal_offset)) sc[j] = -INFINITY;
+                    for (int j = 0; j < BM / 2; j++) sc[j] = tanhf(sc[j] * p.softcap_pre);
+                } else {
+                    if (FEAT && p.alibi_on) {
+                        /* scale, then -slope |i + off - j|, into the log2 domain */
+#pragma unroll
+                        for (int j = 0; j < BM / 2; j++) sc[j] = fmaf(sc[j], p.score_log2, -slope2 * fabsf(SM90B_DIST(j)));
                     }
+                    if (FEAT && need_mask) {
+#pragma unroll
+                        for (int j = 0; j < BM / 2; j++)
+                            if (SM90B_HIDDEN(j)) sc[j] = -INFINITY;
+                    } else if (need_mask) {
+                        /* -inf: exp2 makes it 0, whatever lse2 is */
+                        const int key0 = kw0 + kr_l;
+#pragma unroll
+                        for (int j = 0; j < BM / 2; j++) {
+                            const int key = key0 + 8 * ((j >> 1) & 1);
+                            const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
+                            if (key >= p.seqlen_k || (p.causal && key > qi + p.causal_offset)) sc[j] = -INFINITY;
+                        }
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                            const float2 l2 = *(const float2 *)(vec + q);
+                            const float p0 = sm90_exp2(fmaf(sc[j], p.scale_log2, -l2.x));
+                            const float p1 = sm90_exp2(fmaf(sc[j + 1], p.scale_log2, -l2.y));
+                            sc[j] = p0, sc[j + 1] = p1;
+                        }
                 }
                 uint32_t pf[BM / 16][4], dsf[BM / 16][4];
-#pragma unroll
-                for (int kk = 0; kk < BM / 16; kk++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
-                        const float2 l2 = *(const float2 *)(vec + q);
-                        const float p0 = sm90_exp2(fmaf(sc[j], p.scale_log2, -l2.x));
-                        const float p1 = sm90_exp2(fmaf(sc[j + 1], p.scale_log2, -l2.y));
-                        sc[j] = p0, sc[j + 1] = p1;
-                    }
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(dp);
-                /* dS^T = P^T (dP^T - delta), packed */
+                if (late) {
+                    /* x = softcap tanh - slope |i + off - j| (log2 domain), P^T = exp2(x -
+                     * lse2), dS^T = P^T (dP^T - delta) (1 - tanh^2) */
 #pragma unroll
-                for (int kk = 0; kk < BM / 16; kk++)
+                    for (int kk = 0; kk < BM / 16; kk++)
 #pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
-                        const float2 dl = *(const float2 *)(vec + BM + q);
-                        const float p0 = sc[j], p1 = sc[j + 1];
-                        pf[kk][r] = sm90_pack2<BF16>(p0, p1);
-                        dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
-                    }
+                        for (int r = 0; r < 4; r++) {
+                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                            const float2 l2 = *(const float2 *)(vec + q);
+                            const float2 dl = *(const float2 *)(vec + BM + q);
+                            const float t0 = sc[j], t1 = sc[j + 1];
+                            float x0 = p.softcap_log2 * t0, x1 = p.softcap_log2 * t1;
+                            if (p.alibi_on) {
+                                x0 -= slope2 * fabsf(SM90B_DIST(j));
+                                x1 -= slope2 * fabsf(SM90B_DIST(j + 1));
+                            }
+                            if (need_mask) {
+                                if (SM90B_HIDDEN(j)) x0 = -INFINITY;
+                                if (SM90B_HIDDEN(j + 1)) x1 = -INFINITY;
+                            }
+                            const float p0 = sm90_exp2(x0 - l2.x), p1 = sm90_exp2(x1 - l2.y);
+                            pf[kk][r] = sm90_pack2<BF16>(p0, p1);
+                            dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x) * (1.f - t0 * t0),
+                                                          p1 * (dp[j + 1] - dl.y) * (1.f - t1 * t1));
+                        }
+                } else {
+                    /* dS^T = P^T (dP^T - delta), packed */
+#pragma unroll
+                    for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                            const float2 dl = *(const float2 *)(vec + BM + q);
+                            const float p0 = sc[j], p1 = sc[j + 1];
+                            pf[kk][r] = sm90_pack2<BF16>(p0, p1);
+                            dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
+                        }
+                }
+#undef SM90B_DIST
+#undef SM90B_HIDDEN
                 /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
                  * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
                 {
@@ -406,7 +501,15 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (p.deterministic) {
                     /* the adders of a unit in a fixed order: key block ascending, and at d64
                      * consumer 0 before consumer 1 */
-                    const int rank = D == 128 ? nb : 2 * nb + c;
+                    /* with a left window edge, the key blocks that reach this query block
+                     * start at the one holding its first row's first key, not at 0 (the
+                     * visitors are a contiguous run of key blocks, both band edges growing) */
+                    int nb0 = 0;
+                    if (FEAT && p.has_left) {
+                        const long long j0 = (long long)m0 + p.off - p.left;
+                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)p.seqlen_k) / BN);
+                    }
+                    const int rank = D == 128 ? nb - nb0 : 2 * (nb - nb0) + c;
                     if (t == 0)
                         while (sm90_ld_acquire_gpu(sem) < rank) {
                         }
@@ -529,6 +632,9 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     if (need == 0 || need > smem_optin) return 0;
     if (!(a->scale > 0.f) || !isfinite(a->scale)) return 0; /* masked scores are -inf */
     if (a->causal < 0 || a->causal > 2) return 0;
+    if (a->window && (a->window_left < -1 || a->window_right < -1)) return 0;
+    if (!(a->softcap >= 0.f) || !isfinite(a->softcap)) return 0;
+    if (a->alibi_slopes && ((uintptr_t)a->alibi_slopes % 4 != 0 || a->alibi_batch_stride < 0)) return 0;
     if (a->batch < 1 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
     if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
     if (a->seqlen_q < 1 || a->seqlen_k < 1 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000) return 0;
@@ -584,7 +690,7 @@ static int sm90b_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, 
     return r == CUDA_SUCCESS;
 }
 
-template <int D, int BF16>
+template <int D, int BF16, int FEAT>
 static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w, cudaStream_t stream)
 {
     constexpr int BM = SM90B_BM(D);
@@ -627,13 +733,35 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     p.deterministic = a->deterministic != 0;
     p.scale = a->scale;
     p.scale_log2 = a->scale * 1.4426950408889634f;
+    if (FEAT) {
+        /* as the forward's launcher: causal is the band's right edge at the diagonal */
+        const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
+        const int64_t wl = window ? a->window_left : -1, wr = window ? a->window_right : -1;
+        const int64_t big = 0x7fffffff;
+        p.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
+        p.has_left = wl >= 0;
+        p.left = (int)(wl > big ? big : (wl < 0 ? 0 : wl));
+        p.has_right = a->causal != 0 || wr >= 0;
+        p.right = a->causal != 0 ? 0 : (int)(wr > big ? big : (wr < 0 ? 0 : wr));
+        p.softcap_on = a->softcap > 0.f;
+        p.alibi_on = a->alibi_slopes != NULL;
+        p.transform = p.softcap_on || p.alibi_on;
+        p.score_log2 = p.scale_log2;
+        if (p.softcap_on) {
+            p.softcap_pre = a->scale / a->softcap;
+            p.softcap_log2 = a->softcap * 1.4426950408889634f;
+        }
+        p.alibi = a->alibi_slopes;
+        p.alibi_sb = a->alibi_batch_stride;
+        if (p.transform) p.scale_log2 = 1.f;
+    }
     const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
-    err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
     dim3 grid((a->seqlen_k + SM90B_BN - 1) / SM90B_BN, a->heads_kv, a->batch);
-    fc_sm90_bwd_kernel<D, BF16><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
+    fc_sm90_bwd_kernel<D, BF16, FEAT><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
 
@@ -651,8 +779,19 @@ cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
     const sm90_bwd_ws w = sm90b_workspace(a);
     if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
         return cudaErrorInvalidValue;
-    if (a->head_dim == 64) return a->bf16 ? sm90b_launch<64, 1>(a, &w, stream) : sm90b_launch<64, 0>(a, &w, stream);
-    if (a->head_dim == 128)
-        return a->bf16 ? sm90b_launch<128, 1>(a, &w, stream) : sm90b_launch<128, 0>(a, &w, stream);
+    /* a window, a softcap or ALiBi selects the feature kernel; causal alone stays plain */
+    const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
+                     a->alibi_slopes != NULL;
+#define SM90B_GO(D_, F_) \
+    return a->bf16 ? sm90b_launch<D_, 1, F_>(a, &w, stream) : sm90b_launch<D_, 0, F_>(a, &w, stream)
+    if (a->head_dim == 64) {
+        if (feat) SM90B_GO(64, 1);
+        SM90B_GO(64, 0);
+    }
+    if (a->head_dim == 128) {
+        if (feat) SM90B_GO(128, 1);
+        SM90B_GO(128, 0);
+    }
+#undef SM90B_GO
     return cudaErrorInvalidValue;
 }

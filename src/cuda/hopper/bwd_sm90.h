@@ -37,6 +37,15 @@ typedef struct fc_sm90_bwd_args {
     float scale;       /* softmax scale the forward used */
     int causal;        /* a flashc_causal: 0 none, 1 bottom-right, 2 top-left */
     int deterministic; /* 1: dQ summed in a fixed order, bitwise identical run to run */
+    /* The features of flashc.h, as the forward took them (fwd_sm90.h). All off when the
+     * struct is zeroed. */
+    int window;                 /* nonzero: window_left / window_right apply */
+    int64_t window_left;        /* keys before the diagonal a query sees; -1 = unbounded */
+    int64_t window_right;       /* keys after the diagonal; -1 = unbounded */
+    float softcap;              /* logit softcap, 0 = off */
+    const float *alibi_slopes;  /* device floats, NULL = off: slope of (b, h) at
+                                   alibi_slopes[b * alibi_batch_stride + h] */
+    int64_t alibi_batch_stride; /* 0: one [heads_q] set for every batch */
 } fc_sm90_bwd_args;
 
 /* 1 when fc_sm90_backward serves this call on a device of compute capability

@@ -5,7 +5,10 @@
  *   1. runs the backward on random inputs of odd sizes (seqlen 1, 17, 1000, one 4097 case;
  *      seqlen_q != seqlen_k both ways; head dims 64 and 128; no mask, causal bottom-right and
  *      top-left; GQA 8:1 and 2:1; a [batch, heads, seqlen, head_dim] strided view; the
- *      deterministic mode), with dQ, dK and dV poisoned with NaN first, against a float64 CPU
+ *      deterministic mode; and the feature kernel: sliding windows narrower than a block, with
+ *      causal in both alignments, one-sided, softcap, ALiBi per head and per (batch, head),
+ *      all three at once, rows and keys that see nothing), with dQ, dK and dV poisoned with
+ *      NaN first, against a float64 CPU
  *      reference (the forward's O and LSE come from a float64 forward; the kernel gets O
  *      rounded to 16 bits): relative error ||x - ref|| / ||ref|| at most 1e-3 for fp16 and
  *      1e-2 for bf16 for each of dQ, dK, dV, no NaN, and exact zeros for the query rows that
@@ -13,7 +16,8 @@
  *   2. checks that the deterministic mode gives bitwise identical results twice;
  *   3. times the backward (all three kernels) with CUDA events at the benchmark shapes (16k
  *      tokens, hidden 2048, d64 and d128, seqlen 2k..16k, causal and not, bf16 and fp16, both
- *      modes); TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal.
+ *      modes); TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal; then the feature kernel at
+ *      one shape (window, softcap, ALiBi) beside the plain one.
  *
  * Usage: check_bwd_sm90 [--check-only | --bench-only | --small]. --small runs only the cases
  * with at most 20000 scores per head, no timing (for compute-sanitizer). Exit status 0 when
@@ -144,6 +148,11 @@ static void par_for(long n, range_fn fn, void *ctx)
 
 typedef struct bcase {
     int batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, det;
+    /* features (the feature kernel): a window (wl, wr; -1 = unbounded side) when window is
+     * set, a softcap (0 = off), ALiBi slopes (0 off, 1 one set per head, 2 per batch and head) */
+    int window, wl, wr;
+    float softcap;
+    int alibi;
 } bcase;
 
 static const char *causal_name(int c)
@@ -151,13 +160,14 @@ static const char *causal_name(int c)
     return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
 }
 
-/* The last key query i sees, plus one (flashc_key_end). */
-static int key_end(int causal, int sq, int sk, int i)
+/* flashc.h's rules, one by one: does query i see key j? */
+static int visible(const bcase *c, int i, int j)
 {
-    if (causal == 0) return sk;
-    const int off = causal == 1 ? sk - sq : 0;
-    const int e = i + off + 1;
-    return e < 0 ? 0 : (e > sk ? sk : e);
+    const long off = c->causal == 2 ? 0 : (long)c->sk - c->sq;
+    if (c->causal && j > i + off) return 0;
+    if (c->window && c->wl >= 0 && j < i + off - c->wl) return 0;
+    if (c->window && c->wr >= 0 && j > i + off + c->wr) return 0;
+    return 1;
 }
 
 /* One (batch, query head) of the reference: q, dO [sq][d], k, v [sk][d] as doubles. */
@@ -168,15 +178,21 @@ typedef struct ref_head {
     double *o, *lse, *dq; /* [sq][d], [sq], [sq][d] */
     double *p, *ds;       /* [sq][sk] */
     double *dk, *dv;      /* [sk][d], accumulated over the group */
+    const bcase *c;       /* the mask and the features */
+    double slope;         /* ALiBi slope of this (batch, head), 0 when off */
 } ref_head;
 
 static void ref_rows(void *ctx, long lo, long hi)
 {
     ref_head *r = (ref_head *)ctx;
     const int sk = r->sk, d = r->d;
-    double *dpv = (double *)malloc((size_t)sk * 8);
+    double *dpv = (double *)malloc((size_t)sk * 8), *dcap = (double *)malloc((size_t)sk * 8);
+    unsigned char *vis = (unsigned char *)malloc((size_t)sk);
+    const bcase *c = r->c;
+    const long off = c->causal == 2 ? 0 : (long)c->sk - c->sq;
     for (long i = lo; i < hi; i++) {
-        const int e = key_end(r->causal, r->sq, sk, (int)i);
+        int e = 0; /* keys seen */
+        for (int j = 0; j < sk; j++) e += vis[j] = (unsigned char)visible(c, (int)i, j);
         const double *qi = r->q + i * d, *doi = r->dout + i * d;
         double *pi = r->p + i * sk, *dsi = r->ds + i * sk, *oi = r->o + i * d, *dqi = r->dq + i * d;
         for (int j = 0; j < sk; j++) pi[j] = 0, dsi[j] = 0;
@@ -186,19 +202,30 @@ static void ref_rows(void *ctx, long lo, long hi)
             continue;
         }
         double mx = -INFINITY;
-        for (int j = 0; j < e; j++) {
+        for (int j = 0; j < sk; j++) {
+            if (!vis[j]) continue;
             const double *kj = r->k + (size_t)j * d;
             double s = 0;
             for (int x = 0; x < d; x++) s += qi[x] * kj[x];
-            pi[j] = s * r->scale;
+            double xs = s * r->scale; /* scale, softcap, ALiBi: flashc.h's order */
+            dcap[j] = 1.0;
+            if (c->softcap > 0) {
+                const double t = tanh(xs / c->softcap);
+                xs = c->softcap * t;
+                dcap[j] = 1.0 - t * t;
+            }
+            if (c->alibi) xs -= r->slope * fabs((double)(i + off - j));
+            pi[j] = xs;
             if (pi[j] > mx) mx = pi[j];
         }
         double sum = 0;
-        for (int j = 0; j < e; j++) sum += exp(pi[j] - mx);
+        for (int j = 0; j < sk; j++)
+            if (vis[j]) sum += exp(pi[j] - mx);
         const double lse = mx + log(sum);
         r->lse[i] = lse;
         double delta = 0;
-        for (int j = 0; j < e; j++) {
+        for (int j = 0; j < sk; j++) {
+            if (!vis[j]) continue;
             pi[j] = exp(pi[j] - lse);
             const double *vj = r->v + (size_t)j * d;
             double dp = 0;
@@ -209,13 +236,14 @@ static void ref_rows(void *ctx, long lo, long hi)
             dpv[j] = dp;
             delta += pi[j] * dp;
         }
-        for (int j = 0; j < e; j++) {
-            dsi[j] = pi[j] * (dpv[j] - delta);
+        for (int j = 0; j < sk; j++) {
+            if (!vis[j]) continue;
+            dsi[j] = pi[j] * (dpv[j] - delta) * dcap[j]; /* d/d(scale q.k), softcap included */
             const double *kj = r->k + (size_t)j * d;
             for (int x = 0; x < d; x++) dqi[x] += r->scale * dsi[j] * kj[x];
         }
     }
-    free(dpv);
+    free(dpv), free(dcap), free(vis);
 }
 
 static void ref_keys(void *ctx, long lo, long hi)
@@ -265,6 +293,10 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), bf);
     for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), bf);
     for (size_t i = 0; i < nq; i++) hdo[i] = to16(frand(), bf);
+    /* ALiBi slopes, [hq] or [batch, hq]: geometric per head, times a random factor */
+    const int n_slopes = c->alibi == 2 ? B * HQ : HQ;
+    float *hs = (float *)malloc((size_t)n_slopes * 4);
+    for (int i = 0; i < n_slopes; i++) hs[i] = powf(2.f, -8.f * (float)((i % HQ) + 1) / HQ) * (1.5f + frand());
 
     /* reference, head by head; dQ in the q layout, dK / dV in the k layout */
     const double scale = 1.0 / sqrt((double)D);
@@ -295,12 +327,13 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
                             q[(size_t)i * D + x] = from16(hq[at], bf);
                             dout[(size_t)i * D + x] = from16(hdo[at], bf);
                         }
-                    ref_head r = {SQ, SK, D, c->causal, scale, q, k, v, dout, o, lse, dq, p, ds, dk, dv};
+                    ref_head r = {SQ, SK, D, c->causal, scale, q, k, v, dout, o, lse, dq, p, ds, dk, dv, c, 0.0};
+                    if (c->alibi) r.slope = hs[c->alibi == 2 ? b * HQ + h : h];
                     par_for(SQ, ref_rows, &r);
                     par_for(SK, ref_keys, &r);
                     for (int i = 0; i < SQ; i++) {
                         hl[((size_t)b * HQ + h) * SQ + i] = (float)lse[i];
-                        if (key_end(c->causal, SQ, SK, i) == 0) dq_zero[((size_t)b * HQ + h) * SQ + i] = 1;
+                        if (lse[i] == -INFINITY) dq_zero[((size_t)b * HQ + h) * SQ + i] = 1;
                         for (int x = 0; x < D; x++) {
                             const size_t at = b * q_sb + i * q_ss + h * q_sh + x;
                             ho[at] = to16((float)o[(size_t)i * D + x], bf);
@@ -310,7 +343,7 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
                 }
                 for (int j = 0; j < SK; j++) {
                     int seen = 0;
-                    for (int i = 0; i < SQ && !seen; i++) seen = key_end(c->causal, SQ, SK, i) > j;
+                    for (int i = 0; i < SQ && !seen; i++) seen = visible(c, i, j);
                     if (!seen) dk_zero[((size_t)b * HK + g) * SK + j] = 1;
                     for (int x = 0; x < D; x++) {
                         const size_t at = b * k_sb + j * k_ss + g * k_sh + x;
@@ -322,10 +355,13 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
         free(q), free(dout), free(k), free(v), free(o), free(lse), free(dq), free(p), free(ds), free(dk), free(dv);
     }
 
-    char name[220];
-    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s", B, SQ, SK, HQ, HK, D,
+    char name[320], feat[100] = "";
+    if (c->window) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " window=(%d,%d)", c->wl, c->wr);
+    if (c->softcap > 0) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " softcap=%g", c->softcap);
+    if (c->alibi) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " alibi=%s", c->alibi == 2 ? "batch" : "head");
+    snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s%s", B, SQ, SK, HQ, HK, D,
              causal_name(c->causal), bf ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd",
-             c->det ? " deterministic" : "");
+             c->det ? " deterministic" : "", feat);
 
     dev_case g;
     memset(&g, 0, sizeof g);
@@ -356,6 +392,14 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     a->lse_sb = (int64_t)HQ * SQ, a->lse_sh = SQ, a->lse_ss = 1;
     a->batch = B, a->seqlen_q = SQ, a->seqlen_k = SK, a->heads_q = HQ, a->heads_kv = HK, a->head_dim = D;
     a->bf16 = bf, a->scale = (float)scale, a->causal = c->causal, a->deterministic = c->det;
+    a->window = c->window, a->window_left = c->wl, a->window_right = c->wr;
+    a->softcap = c->softcap;
+    float *dslopes = NULL;
+    if (c->alibi) {
+        CK(cudaMalloc(&dslopes, (size_t)n_slopes * 4));
+        CK(cudaMemcpy(dslopes, hs, (size_t)n_slopes * 4, cudaMemcpyHostToDevice));
+    }
+    a->alibi_slopes = dslopes, a->alibi_batch_stride = c->alibi == 2 ? HQ : 0;
     a->workspace_bytes = fc_sm90_backward_workspace_size(a);
     CK(cudaMalloc(&g.ws, a->workspace_bytes));
     a->workspace = g.ws;
@@ -427,6 +471,8 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     }
     cudaFree(g.q), cudaFree(g.o), cudaFree(g.dout), cudaFree(g.dq), cudaFree(g.k), cudaFree(g.v);
     cudaFree(g.dk), cudaFree(g.dv), cudaFree(g.lse), cudaFree(g.ws);
+    if (dslopes) cudaFree(dslopes);
+    free(hs);
     free(hq), free(hk), free(hv), free(hdo), free(ho), free(gdq), free(gdk), free(gdv), free(hl);
     free(rdq), free(rdk), free(rdv), free(dq_zero), free(dk_zero);
     return ok;
@@ -509,6 +555,73 @@ static void bench(const cudaDeviceProp *prop)
                                det, S, B, H, ms, flops / (ms * 1e-3) / 1e12);
                         fflush(stdout);
                     }
+    /* The feature kernel at one shape: a window must cost about its share of the blocks. */
+    printf("\nfeatures: bf16 d128, seqlen 8192, batch 2, 16 heads (ms; TFLOP/s over the visible pairs)\n");
+    float *slopes;
+    CK(cudaMalloc(&slopes, 16 * 4));
+    {
+        float hs[16];
+        for (int i = 0; i < 16; i++) hs[i] = powf(2.f, -0.5f * (i + 1));
+        CK(cudaMemcpy(slopes, hs, sizeof hs, cudaMemcpyHostToDevice));
+        float *hl = (float *)malloc(nl * 4);
+        for (size_t i = 0; i < nl; i++) hl[i] = logf(8192.f);
+        CK(cudaMemcpy(lse, hl, nl * 4, cudaMemcpyHostToDevice));
+        free(hl);
+    }
+    static const struct { const char *name; int causal, window, wl, wr; float cap; int alibi; } fb[] = {
+        {"none (plain kernel)", 0, 0, -1, -1, 0.f, 0}, {"causal (plain kernel)", 1, 0, -1, -1, 0.f, 0},
+        {"window (-1, 0) (feature kernel)", 0, 1, -1, 0, 0.f, 0},
+        {"window (512, 512)", 0, 1, 512, 512, 0.f, 0}, {"causal + window (1024, 0)", 1, 1, 1024, -1, 0.f, 0},
+        {"softcap 30", 0, 0, -1, -1, 30.f, 0}, {"ALiBi, causal", 1, 0, -1, -1, 0.f, 1},
+        {"softcap + ALiBi + window (1024, 1024)", 0, 1, 1024, 1024, 30.f, 1},
+    };
+    for (size_t f = 0; f < sizeof fb / sizeof fb[0]; f++) {
+        const int D = 128, S = 8192, H = 16, B = 2;
+        fc_sm90_bwd_args a;
+        memset(&a, 0, sizeof a);
+        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.dout = buf[4];
+        a.dq = buf[5], a.dk = buf[6], a.dv = buf[7], a.lse = lse;
+        a.q_sb = a.k_sb = a.v_sb = a.o_sb = a.do_sb = a.dq_sb = a.dk_sb = a.dv_sb = (int64_t)S * H * D;
+        a.q_ss = a.k_ss = a.v_ss = a.o_ss = a.do_ss = a.dq_ss = a.dk_ss = a.dv_ss = (int64_t)H * D;
+        a.q_sh = a.k_sh = a.v_sh = a.o_sh = a.do_sh = a.dq_sh = a.dk_sh = a.dv_sh = D;
+        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
+        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
+        a.bf16 = 1, a.scale = 1.f / sqrtf((float)D), a.causal = fb[f].causal;
+        a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
+        a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
+        const size_t need = fc_sm90_backward_workspace_size(&a);
+        if (need > ws_bytes) {
+            if (ws) CK(cudaFree(ws));
+            CK(cudaMalloc(&ws, need));
+            ws_bytes = need;
+        }
+        a.workspace = ws, a.workspace_bytes = ws_bytes;
+        if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+            printf("  %-40s not supported\n", fb[f].name);
+            continue;
+        }
+        for (int w = 0; w < 2; w++) CK(fc_sm90_backward(&a, 0));
+        sync_or_die("feature bench warm-up");
+        const int iters = 5;
+        CK(cudaEventRecord(e0, 0));
+        for (int it = 0; it < iters; it++) CK(fc_sm90_backward(&a, 0));
+        CK(cudaEventRecord(e1, 0));
+        sync_or_die("feature bench");
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= iters;
+        double pairs = 0; /* visible (query, key) pairs of one head */
+        for (long i = 0; i < S; i++) {
+            long lo = 0, hi = S;
+            if (a.causal && i + 1 < hi) hi = i + 1;
+            if (a.window && a.window_right >= 0 && i + a.window_right + 1 < hi) hi = i + a.window_right + 1;
+            if (a.window && a.window_left >= 0 && i - a.window_left > lo) lo = i - a.window_left;
+            if (hi > lo) pairs += (double)(hi - lo);
+        }
+        printf("  %-40s %8.3f ms %8.1f TFLOP/s\n", fb[f].name, ms, 2.5 * 4.0 * B * H * pairs * D / (ms * 1e-3) / 1e12);
+        fflush(stdout);
+    }
+    cudaFree(slopes);
     for (int i = 0; i < 8; i++) cudaFree(buf[i]);
     cudaFree(lse);
     if (ws) cudaFree(ws);
@@ -543,6 +656,25 @@ int main(int argc, char **argv)
             {2, 1000, 1000, 2, 2, 128, 0, 0, 1, 0}, {2, 300, 1000, 4, 2, 64, 1, 1, 1, 0},
             {1, 1000, 700, 4, 1, 128, 1, 1, 0, 1},  {1, 700, 1000, 2, 2, 64, 0, 0, 0, 1},
             {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
+            /* features: ..., deterministic, window, wl, wr, softcap, alibi */
+            {1, 130, 150, 2, 1, 64, 0, 0, 0, 0, 1, 20, 10, 0.f, 0},     /* window; blocks skipped */
+            {1, 130, 150, 2, 2, 128, 1, 1, 0, 1, 1, 5, -1, 0.f, 0},     /* window + causal */
+            {1, 100, 180, 2, 2, 128, 0, 0, 1, 0, 0, 0, 0, 10.f, 1},     /* softcap + ALiBi */
+            {2, 120, 150, 2, 1, 64, 2, 1, 0, 0, 1, 30, 0, 5.f, 2},      /* all, per-batch slopes */
+            {1, 150, 100, 2, 2, 64, 0, 0, 0, 0, 1, 0, 0, 0.f, 0},       /* rows and keys unseen */
+            {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0, 1, 37, 20, 0.f, 0},  /* window inside a block */
+            {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 0, 1, 100, -1, 0.f, 0},  /* window + causal */
+            {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 1, 300, -1, 0.f, 0},  /* top-left + window, GQA */
+            {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 0, 1, -1, 0, 0.f, 0},   /* (-1, 0) is causal */
+            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
+            {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 0, 30.f, 0},   /* softcap */
+            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 0, 5.f, 0},
+            {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0, 0.f, 1},      /* ALiBi per head */
+            {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0, 0.f, 2},    /* ALiBi per batch */
+            {1, 1000, 1000, 4, 2, 128, 0, 1, 0, 1, 1, 200, 50, 20.f, 2}, /* all three */
+            {1, 1000, 17, 2, 1, 64, 1, 0, 0, 0, 1, 3, -1, 5.f, 1},      /* rows with no key */
+            {1, 1000, 300, 2, 2, 128, 0, 1, 0, 0, 1, 0, 0, 0.f, 0},     /* whole blocks with none */
+            {1, 300, 1000, 2, 2, 128, 2, 0, 1, 0, 1, 50, 2, 8.f, 2},    /* top-left ignores wr */
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (small && (long)cases[i].sq * cases[i].sk > 20000) continue;
