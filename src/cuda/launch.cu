@@ -27,6 +27,13 @@
 #define FC_LSE_STRIDES(args, t) \
     ((args).lse_sb = (t)->stride[0], (args).lse_sh = (t)->stride[1], (args).lse_ss = (t)->stride[2])
 
+/* The sizes of a problem into a Hopper kernel's argument struct (forward and backward name
+ * them alike). */
+#define FC_SM90_SIZES(args, pr)                                                            \
+    ((args).batch = (int)(pr)->batch, (args).seqlen_q = (int)(pr)->seqlen_q,               \
+     (args).seqlen_k = (int)(pr)->seqlen_k, (args).heads_q = (int)(pr)->heads_q,           \
+     (args).heads_kv = (int)(pr)->heads_kv, (args).head_dim = (int)(pr)->head_dim)
+
 static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
 
 /* A head dim that is a multiple of 8 runs on the next compiled size up: the extra columns
@@ -186,10 +193,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
     FC_VIEW_STRIDES(h, v, v);
     FC_VIEW_STRIDES(h, o, out);
     FC_LSE_STRIDES(h, lse);
-    h.batch = (int)pr->batch;
-    h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
-    h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
-    h.head_dim = (int)pr->head_dim;
+    FC_SM90_SIZES(h, pr);
     h.bf16 = pr->dtype == FLASHC_BF16;
     h.scale = pr->scale;
     h.causal = pr->causal;
@@ -303,10 +307,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     FC_VIEW_STRIDES(h, dk, dk);
     FC_VIEW_STRIDES(h, dv, dv);
     FC_LSE_STRIDES(h, lse);
-    h.batch = (int)pr->batch;
-    h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
-    h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
-    h.head_dim = (int)pr->head_dim;
+    FC_SM90_SIZES(h, pr);
     h.bf16 = pr->dtype == FLASHC_BF16;
     h.scale = pr->scale;
     h.causal = pr->causal;
@@ -353,10 +354,7 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     if (s && s->use_wgmma && pr->features == 0) {
         fc_sm90_bwd_args h;
         memset(&h, 0, sizeof h);
-        h.batch = (int)pr->batch;
-        h.seqlen_q = (int)pr->seqlen_q, h.seqlen_k = (int)pr->seqlen_k;
-        h.heads_q = (int)pr->heads_q, h.heads_kv = (int)pr->heads_kv;
-        h.head_dim = (int)pr->head_dim;
+        FC_SM90_SIZES(h, pr);
         h.deterministic = pr->deterministic != 0;
         if (fc_sm90_backward_smem_bytes(h.head_dim) != 0) {
             const size_t need = fc_sm90_backward_workspace_size(&h);
