@@ -395,7 +395,7 @@ static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *
             for (int c = 0; c < 16; c++)
                 acc[c] = _mm512_setzero_ps();
             for (int ch = 0; ch < nch; ch++) {
-                const __m512bh qv = (__m512bh)_mm512_load_si512((const void *)(qr + 32 * ch));
+                const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qr + 32 * ch));
                 const __mmask32 mk = ch == nch - 1 ? tail : (__mmask32)~0u;
 #pragma GCC unroll 16
                 for (int c = 0; c < 16; c++)
