@@ -191,7 +191,9 @@ static void decode_task(void *ctx, int64_t task, int thread)
     /* this split's keys, and the part of them some row of the task sees */
     const int64_t ks = (int64_t)split * job->split_keys;
     const int64_t ke = ks + job->split_keys < sq.nk ? ks + job->split_keys : sq.nk;
-    int64_t jbeg = ke, jend = ks;
+    /* empty until a row sees a key: a split past a short sequence's end (ks > ke) reads no
+     * slot, since a paged sequence's block_table row holds no valid page there */
+    int64_t jbeg = INT64_MAX, jend = 0;
     for (int r = 0; r < m; r++) {
         int64_t i, h, hk;
         row_max[r] = -INFINITY;

@@ -49,6 +49,12 @@ static int64_t max_len(const kv_case *c)
     return m;
 }
 
+/* Pages of sequence b's block_table row that hold its keys, the new ones included. */
+static int64_t used_pages(const kv_case *c, int64_t b)
+{
+    return (c->seqlens[b] + c->nnew + c->page_size - 1) / c->page_size;
+}
+
 /* A cache with room for every sequence (plus slack), values normal, slots at or past each
  * sequence's length NaN. Paged: pages handed out in a shuffled order, a few spare. */
 static cache make_cache(const kv_case *c, test_rng *rng)
@@ -75,6 +81,10 @@ static cache make_cache(const kv_case *c, test_rng *rng)
             ch.table[i] = (int32_t)perm[i];
         if (c->share_page && c->batch > 1)
             ch.table[ch.max_pages] = ch.table[0];
+        /* the pages past a sequence's end name no page: a read of one faults */
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t pg = used_pages(c, b); pg < ch.max_pages; pg++)
+                ch.table[b * ch.max_pages + pg] = INT32_MAX;
         free(perm);
     } else {
         ch.capacity = need;
@@ -100,7 +110,8 @@ static void *slot(const kv_case *c, const cache *ch, const test_tensor *t, int64
 static void poison_tail(const kv_case *c, cache *ch)
 {
     for (int64_t b = 0; b < c->batch; b++)
-        for (int64_t j = c->seqlens[b]; j < ch->capacity; j++)
+        for (int64_t j = c->seqlens[b];
+             j < (c->page_size ? used_pages(c, b) * c->page_size : ch->capacity); j++)
             for (int64_t h = 0; h < c->heads_kv; h++) {
                 if (c->share_page && c->page_size && b == 1 && j < c->page_size)
                     continue; /* the shared page belongs to sequence 0 */
