@@ -54,28 +54,55 @@ void flashc_cpu_pack_rows16(uint16_t *dst, int dp, const flashc_tensor *t, int64
     }
 }
 
+/* The two dims of a pair are adjacent in the source row and in the panel, so the panel is a
+ * transpose of 32-bit pairs: each row's pairs go to one column of the panel, a store per pair
+ * instead of one per element into a panel cleared beforehand. */
 void flashc_cpu_pack_panel16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
                              int64_t s0, int n, int64_t h)
 {
     const int64_t d = t->shape[3];
-    memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+    const int full = (int)(d / 2), pairs = (int)((d + 1) / 2);
+    uint32_t *out = (uint32_t *)dst;
     for (int r = 0; r < n; r++) {
         const uint16_t *src = flashc_row_ptr(t, b, s0 + r, h);
-        for (int64_t c = 0; c < d; c++)
-            dst[(c / 2) * FLASHC_CPU_BLOCK_N * 2 + r * 2 + (c & 1)] = src[c];
+        for (int p = 0; p < full; p++) {
+            uint32_t pair;
+            memcpy(&pair, src + 2 * p, sizeof pair);
+            out[p * FLASHC_CPU_BLOCK_N + r] = pair;
+        }
+        if (full < pairs) /* odd head dim: the last pair's second dim is padding */
+            out[full * FLASHC_CPU_BLOCK_N + r] = src[d - 1];
     }
+    for (int p = 0; p < pairs; p++) /* keys past the block's end */
+        for (int r = n; r < FLASHC_CPU_BLOCK_N; r++)
+            out[p * FLASHC_CPU_BLOCK_N + r] = 0;
+    memset(out + (ptrdiff_t)pairs * FLASHC_CPU_BLOCK_N, 0,
+           (size_t)(dp / 2 - pairs) * FLASHC_CPU_BLOCK_N * sizeof(uint32_t));
 }
 
+/* Keys r and r + 1 interleave into one row of 32-bit pairs (r in the low half): two
+ * contiguous source rows in, one contiguous row out, which the compiler vectorizes. */
 void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
                              int64_t s0, int n, int64_t h)
 {
     const int64_t d = t->shape[3];
-    memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
-    for (int r = 0; r < n; r++) {
-        const uint16_t *src = flashc_row_ptr(t, b, s0 + r, h);
-        uint16_t *pair = dst + (ptrdiff_t)(r / 2) * dp * 2 + (r & 1);
-        for (int64_t c = 0; c < d; c++)
-            pair[c * 2] = src[c];
+    for (int r = 0; r < FLASHC_CPU_BLOCK_N; r += 2) {
+        uint32_t *out = (uint32_t *)dst + (ptrdiff_t)(r / 2) * dp;
+        if (r >= n) {
+            memset(out, 0, (size_t)dp * sizeof(uint32_t));
+            continue;
+        }
+        const uint16_t *lo = flashc_row_ptr(t, b, s0 + r, h);
+        if (r + 1 < n) {
+            const uint16_t *hi = flashc_row_ptr(t, b, s0 + r + 1, h);
+            for (int64_t c = 0; c < d; c++)
+                out[c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
+        } else {
+            for (int64_t c = 0; c < d; c++)
+                out[c] = lo[c];
+        }
+        for (int64_t c = d; c < dp; c++)
+            out[c] = 0;
     }
 }
 

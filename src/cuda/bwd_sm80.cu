@@ -66,8 +66,18 @@ static __device__ __forceinline__ int fc_seq_of_token(const fc_feat &f, int tok)
 /* First workspace row of (sequence b, query head h) for the feature kernels. */
 static __device__ __forceinline__ int64_t fc_ws_row(const fc_bwd_args &a, int b, int h)
 {
-    return a.f.varlen ? (int64_t)h * a.nq_pad + fc_ws_seq_start(a.f, b)
+    return a.f.varlen ? (int64_t)h * a.nq_pad + fc_ws_seq_start(fc_seq_of(a, b), b)
                       : (int64_t)(b * a.heads_q + h) * a.nq_pad;
+}
+
+/* Varlen: the workspace row of packed token i of query head h, or -1 when the token lies in
+ * no sequence (only offsets that break their rules leave such tokens). */
+static __device__ __forceinline__ int64_t fc_token_ws_row(const fc_bwd_args &a, int h, int i)
+{
+    const int sb = fc_seq_of_token(a.f, i);
+    const fc_seq s = fc_seq_of(a, sb);
+    if (i < s.q0 || i >= s.q0 + s.nq) return -1;
+    return (int64_t)h * a.nq_pad + fc_ws_seq_start(s, sb) + (i - s.q0);
 }
 
 /* FC_DQ_BULK: the dQ tile of the tiled kernel through shared memory and the copy engine's
@@ -123,8 +133,8 @@ __global__ void __launch_bounds__(256) fc_bwd_prep_kernel(const fc_bwd_args a, i
         if (row_id >= (int64_t)a.heads_q * a.seqlen_q) return;
         h = (int)(row_id / a.seqlen_q);
         i = (int)(row_id - (int64_t)h * a.seqlen_q); /* the token: batch 0, row i */
-        const int sb = fc_seq_of_token(a.f, i);
-        ws_at = (int64_t)h * a.nq_pad + fc_ws_seq_start(a.f, sb) + (i - a.f.cu_q[sb]);
+        ws_at = fc_token_ws_row(a, h, i);
+        if (ws_at < 0) return;
         b = 0;
     } else {
         if (row_id >= (int64_t)batch * a.heads_q * a.nq_pad) return;
@@ -1122,8 +1132,8 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     const int b = bh / a.heads_q, h = bh - b * a.heads_q;
     int64_t ws_at = (int64_t)bh * a.nq_pad + i;
     if (FEAT && a.f.varlen) { /* batch 1: bh is the head, i the token */
-        const int sb = fc_seq_of_token(a.f, i);
-        ws_at = (int64_t)bh * a.nq_pad + fc_ws_seq_start(a.f, sb) + (i - a.f.cu_q[sb]);
+        ws_at = fc_token_ws_row(a, bh, i);
+        if (ws_at < 0) return;
     }
     const float *src = a.dq_accum + ws_at * a.dq_pitch + ch * 8;
     const float4 x = *(const float4 *)src, y = *(const float4 *)(src + 4);

@@ -23,16 +23,24 @@ typedef struct fc_seq {
     int q0, nq, k0, nk, off;
 } fc_seq;
 
+FC_DEVICE int fc_clamp_rows(int x, int lo, int hi)
+{
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
 template <typename A>
 FC_DEVICE fc_seq fc_seq_of(const A &a, int b)
 {
     fc_seq s;
     if (a.f.varlen) {
+        /* The offsets live on the device, unchecked: clamped into the packed tensors and
+         * made non-decreasing here, so that offsets that break their rules give wrong rows,
+         * never an access outside q, k, v, out, lse or the workspace. */
         s.batch = 0;
-        s.q0 = a.f.cu_q[b];
-        s.nq = a.f.cu_q[b + 1] - s.q0;
-        s.k0 = a.f.cu_k[b];
-        s.nk = a.f.cu_k[b + 1] - s.k0;
+        s.q0 = fc_clamp_rows(a.f.cu_q[b], 0, a.seqlen_q);
+        s.nq = fc_clamp_rows(a.f.cu_q[b + 1], s.q0, a.seqlen_q) - s.q0;
+        s.k0 = fc_clamp_rows(a.f.cu_k[b], 0, a.seqlen_k);
+        s.nk = fc_clamp_rows(a.f.cu_k[b + 1], s.k0, a.seqlen_k) - s.k0;
     } else {
         s.batch = b;
         s.q0 = s.k0 = 0;
@@ -151,13 +159,13 @@ FC_DEVICE float fc_softcap2(const fc_feat &f, float raw, float *t)
     return f.softcap_log2 * th;
 }
 
-/* Workspace row of (sequence b, head h) in a varlen backward: each sequence starts on a
+/* Workspace row of (sequence b, head h; s = fc_seq_of(b)) in a varlen backward: each sequence starts on a
  * multiple of 128 at least 128 rows past the previous start plus its length, so that the
  * padded query blocks of one sequence never reach the next and 16-byte loads stay aligned;
  * nq_pad (rows per head) is then total_q + 128 * num_seqs rounded up to 128. */
-FC_DEVICE int64_t fc_ws_seq_start(const fc_feat &f, int b)
+FC_DEVICE int64_t fc_ws_seq_start(const fc_seq &s, int b)
 {
-    return (int64_t)(f.cu_q[b] + 128 * (int64_t)b) / 128 * 128;
+    return (int64_t)(s.q0 + 128 * (int64_t)b) / 128 * 128;
 }
 
 #endif /* FLASHC_CUDA_FEATURES_CUH */

@@ -177,13 +177,34 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 /* ---- forward --------------------------------------------------------------------------- */
 
 #ifdef FLASHC_HAVE_SM90
-/* Runs the forward on the Hopper kernel when it serves the call (plain attention, a head dim
- * it covers, TMA-compatible views): returns 1 with *err set, or 0 to use mma.sync. */
+/* The features the Hopper kernels compute themselves (their feature instantiations); varlen
+ * and dropout calls go to mma.sync. */
+static int sm90_serves_features(const flashc_problem *pr)
+{
+    const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI;
+    return (pr->features & ~served) == 0;
+}
+
+/* The window, softcap and ALiBi of pr in the Hopper argument struct a (forward or backward,
+ * whose feature fields have the same names). */
+#define FC_SM90_FEATURES(a, pr)                                                              \
+    do {                                                                                     \
+        (a).window = ((pr)->features & FLASHC_FEATURE_WINDOW) != 0;                          \
+        (a).window_left = (pr)->window_left;                                                 \
+        (a).window_right = (pr)->window_right;                                               \
+        (a).softcap = ((pr)->features & FLASHC_FEATURE_SOFTCAP) ? (pr)->softcap : 0.0f;      \
+        (a).alibi_slopes = ((pr)->features & FLASHC_FEATURE_ALIBI) ? (pr)->alibi_slopes : NULL; \
+        (a).alibi_batch_stride = (pr)->alibi_batch_stride;                                   \
+    } while (0)
+
+/* Runs the forward on the Hopper kernel when it serves the call (plain attention or window,
+ * softcap, ALiBi; a head dim it covers, TMA-compatible views): returns 1 with *err set, or 0
+ * to use mma.sync. */
 static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, const flashc_tensor *q,
                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
                             flashc_tensor *lse, cudaError_t *err)
 {
-    if (!s->use_wgmma || pr->features != 0) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_fwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
@@ -197,6 +218,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
     h.bf16 = pr->dtype == FLASHC_BF16;
     h.scale = pr->scale;
     h.causal = pr->causal;
+    FC_SM90_FEATURES(h, pr);
     if (!fc_sm90_forward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     *err = fc_sm90_forward(&h, (cudaStream_t)pr->stream);
     return 1;
@@ -292,7 +314,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
                              const flashc_tensor *out, const flashc_tensor *lse, flashc_tensor *dq,
                              flashc_tensor *dk, flashc_tensor *dv, flashc_status *st)
 {
-    if (!s->use_wgmma || pr->features != 0) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_bwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
@@ -312,6 +334,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     h.scale = pr->scale;
     h.causal = pr->causal;
     h.deterministic = pr->deterministic != 0;
+    FC_SM90_FEATURES(h, pr);
     if (!fc_sm90_backward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     const size_t need = fc_sm90_backward_workspace_size(&h);
     cudaStream_t stream = (cudaStream_t)pr->stream;
@@ -351,7 +374,7 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     size_t total = workspace_layout(pr).total;
 #ifdef FLASHC_HAVE_SM90
     /* Enough for either path: which one runs depends on the views, known only at the call. */
-    if (s && s->use_wgmma && pr->features == 0) {
+    if (s && s->use_wgmma && sm90_serves_features(pr)) {
         fc_sm90_bwd_args h;
         memset(&h, 0, sizeof h);
         FC_SM90_SIZES(h, pr);

@@ -830,6 +830,205 @@ static int error_path_checks(void)
     return fails;
 }
 
+/* Varlen offsets that break their rules (decreasing, negative, past the total) live on the
+ * device, where the backend does not read them before the kernels: the call must still
+ * return, touch nothing outside its outputs, and (under memcheck) read nothing outside its
+ * inputs. Each tensor sits between guard zones whose bytes are checked afterwards. */
+static int bad_cu_seqlens_checks(void)
+{
+    enum { TOTAL = 96, H = 2, D = 64, GUARD = 4096, NT = 9 };
+    static const int32_t bad[][5] = {
+        {0, 50, 20, 96, 96},      /* decreasing */
+        {-40, 10, 5000, 96, 96},  /* negative, past the total */
+        {0, 30, 60, 96, 2000000}, /* the last past the total */
+        {70, 60, 50, 40, 30},     /* decreasing everywhere, not from 0 */
+    };
+    const size_t elems = (size_t)TOTAL * H * D, tbytes = elems * 2, lbytes = (size_t)H * TOTAL * 4;
+    const size_t sizes[NT] = {tbytes, tbytes, tbytes, tbytes, lbytes, tbytes, tbytes, tbytes, tbytes};
+    const char *names[NT] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+    size_t total = 0, offs[NT];
+    for (int t = 0; t < NT; t++) offs[t] = total + GUARD, total = offs[t] + sizes[t];
+    total += GUARD;
+    unsigned char *host = (unsigned char *)malloc(total), *back = (unsigned char *)malloc(total);
+    void *dev = NULL, *dcu = NULL;
+    int fails = 0;
+    if (!host || !back || flashc_backend_malloc(g_cuda, total, &dev) != FLASHC_OK ||
+        flashc_backend_malloc(g_cuda, sizeof bad, &dcu) != FLASHC_OK) {
+        printf("  bad cu_seqlens: allocation failed: %s\n", flashc_last_error());
+        free(host), free(back);
+        return 1;
+    }
+    uint64_t seed = 77;
+    for (size_t i = 0; i < total; i++) host[i] = (unsigned char)(rng_next(&seed) >> 56);
+    for (int t = 0; t < NT; t++) /* inputs and outputs: small normal values, never NaN */
+        if (t != 4)
+            for (size_t e = 0; e < sizes[t] / 2; e++)
+                ((uint16_t *)(host + offs[t]))[e] = to_half(FLASHC_F16, (float)(0.5 * rng_normal(&seed)));
+    for (int t = 0; t < NT; t++) /* the LSE input: finite */
+        if (t == 4)
+            for (size_t e = 0; e < sizes[t] / 4; e++) ((float *)(host + offs[t]))[e] = 1.0f;
+    flashc_backend_memcpy(g_cuda, dcu, bad, sizeof bad, FLASHC_COPY_TO_BACKEND);
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        flashc_backend_memcpy(g_cuda, dev, host, total, FLASHC_COPY_TO_BACKEND);
+        flashc_tensor tt[NT];
+        for (int t = 0; t < NT; t++)
+            tt[t] = t == 4 ? flashc_lse_contiguous((float *)((char *)dev + offs[t]), 1, H, TOTAL)
+                           : flashc_tensor_contiguous((char *)dev + offs[t], FLASHC_F16, 1, TOTAL, H, D);
+        flashc_params p;
+        flashc_params_init(&p);
+        p.cu_seqlens_q = p.cu_seqlens_k = (const int32_t *)dcu + 5 * c;
+        p.num_seqs = 4;
+        p.causal = (int32_t)(c % 2);
+        flashc_status sf = flashc_forward(g_cuda, &p, &tt[0], &tt[1], &tt[2], &tt[3], &tt[4]);
+        flashc_status sb = flashc_backward(g_cuda, &p, &tt[5], &tt[0], &tt[1], &tt[2], &tt[3], &tt[4], &tt[6],
+                                           &tt[7], &tt[8]);
+        flashc_status sy = flashc_backend_synchronize(g_cuda, NULL);
+        flashc_backend_memcpy(g_cuda, back, dev, total, FLASHC_COPY_TO_HOST);
+        long changed = 0;
+        const char *where = "";
+        for (int t = 0; t <= NT; t++) { /* the guard zone before tensor t (and after the last) */
+            const size_t g0 = t == 0 ? 0 : offs[t - 1] + sizes[t - 1], g1 = t == NT ? total : offs[t];
+            for (size_t i = g0; i < g1; i++)
+                if (back[i] != host[i]) changed++, where = t < NT ? names[t] : "the end";
+        }
+        for (int t = 0; t < 6; t++) /* inputs q, k, v, dout unchanged */
+            if ((t < 3 || t == 5) && memcmp(back + offs[t], host + offs[t], sizes[t])) changed++, where = names[t];
+        const int ok = changed == 0 && sy == FLASHC_OK && sf == FLASHC_OK && sb == FLASHC_OK;
+        char what[96];
+        snprintf(what, sizeof what, "bad cu_seqlens set %zu: forward %s, backward %s", c,
+                 flashc_status_string(sf), flashc_status_string(sb));
+        printf("  %-58s %s%s%s\n", what, ok ? "PASS" : "FAIL", changed ? "  bytes changed before " : "",
+               changed ? where : "");
+        fails += !ok;
+    }
+    flashc_backend_free(g_cuda, dev);
+    flashc_backend_free(g_cuda, dcu);
+    free(host), free(back);
+    return fails;
+}
+
+/* ---- dropout keep bits, CPU against CUDA ------------------------------------------------ */
+
+/* One dropout forward and backward on a backend whose probabilities are exactly uniform
+ * (Q = 0) with V[j] and dO[i] one-hot rows, so that O[i][j] != 0 exactly when key j of query i
+ * is kept in the forward, and dV[j][i] != 0 exactly when the backward regenerated the same
+ * bit: mask_fwd / mask_bwd get one byte per (b, h, i, j). dev: the backend takes device
+ * memory (copies in and out), else host memory. */
+static int dropout_masks(flashc_backend *be, int dev, flashc_dtype dt, int64_t B, int64_t N, int64_t Hq,
+                         int64_t Hk, int64_t D, float prob, uint64_t seed, uint64_t offset,
+                         unsigned char *mask_fwd, unsigned char *mask_bwd)
+{
+    const size_t nq = (size_t)(B * N * Hq * D), nk = (size_t)(B * N * Hk * D), nl = (size_t)(B * Hq * N);
+    uint16_t *hq = (uint16_t *)calloc(nq, 2), *hv = (uint16_t *)calloc(nk, 2), *hdo = (uint16_t *)calloc(nq, 2);
+    uint16_t *ho = (uint16_t *)malloc(nq * 2), *hdv = (uint16_t *)malloc(nk * 2);
+    const uint16_t one = to_half(dt, 1.0f);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < N; j++) {
+            for (int64_t h = 0; h < Hk; h++) hv[((b * N + j) * Hk + h) * D + j] = one;
+            for (int64_t h = 0; h < Hq; h++) hdo[((b * N + j) * Hq + h) * D + j] = one;
+        }
+    void *buf[8] = {0}; /* q, k, v, o, dout, dq, dk, dv; then lse */
+    void *lse = NULL;
+    const size_t bytes[8] = {nq * 2, nk * 2, nk * 2, nq * 2, nq * 2, nq * 2, nk * 2, nk * 2};
+    const void *init[8] = {hq, hq, hv, NULL, hdo, NULL, NULL, NULL}; /* K = 0 too: hq's first nk */
+    int ok = 1;
+    for (int t = 0; t < 8 && ok; t++) {
+        if (dev) {
+            ok = flashc_backend_malloc(be, bytes[t], &buf[t]) == FLASHC_OK &&
+                 (!init[t] || flashc_backend_memcpy(be, buf[t], init[t], bytes[t], FLASHC_COPY_TO_BACKEND) == FLASHC_OK);
+        } else {
+            ok = (buf[t] = calloc(bytes[t], 1)) != NULL;
+            if (ok && init[t]) memcpy(buf[t], init[t], bytes[t]);
+        }
+    }
+    if (ok) ok = dev ? flashc_backend_malloc(be, nl * 4, &lse) == FLASHC_OK : (lse = calloc(nl, 4)) != NULL;
+    if (ok) {
+        flashc_tensor q = flashc_tensor_contiguous(buf[0], dt, B, N, Hq, D);
+        flashc_tensor k = flashc_tensor_contiguous(buf[1], dt, B, N, Hk, D);
+        flashc_tensor v = flashc_tensor_contiguous(buf[2], dt, B, N, Hk, D);
+        flashc_tensor o = flashc_tensor_contiguous(buf[3], dt, B, N, Hq, D);
+        flashc_tensor dout = flashc_tensor_contiguous(buf[4], dt, B, N, Hq, D);
+        flashc_tensor dq = flashc_tensor_contiguous(buf[5], dt, B, N, Hq, D);
+        flashc_tensor dk = flashc_tensor_contiguous(buf[6], dt, B, N, Hk, D);
+        flashc_tensor dv = flashc_tensor_contiguous(buf[7], dt, B, N, Hk, D);
+        flashc_tensor l = flashc_lse_contiguous((float *)lse, B, Hq, N);
+        flashc_params p;
+        flashc_params_init(&p);
+        p.dropout_p = prob, p.dropout_seed = seed, p.dropout_offset = offset;
+        ok = flashc_forward(be, &p, &q, &k, &v, &o, &l) == FLASHC_OK &&
+             flashc_backward(be, &p, &dout, &q, &k, &v, &o, &l, &dq, &dk, &dv) == FLASHC_OK;
+        if (!ok) printf("  dropout masks (%s): %s\n", dev ? "cuda" : "cpu", flashc_last_error());
+    }
+    if (ok && dev)
+        ok = flashc_backend_memcpy(be, ho, buf[3], nq * 2, FLASHC_COPY_TO_HOST) == FLASHC_OK &&
+             flashc_backend_memcpy(be, hdv, buf[7], nk * 2, FLASHC_COPY_TO_HOST) == FLASHC_OK;
+    else if (ok) {
+        memcpy(ho, buf[3], nq * 2);
+        memcpy(hdv, buf[7], nk * 2);
+    }
+    /* GQA: dV of a kv head sums its group's query heads, so only Hq == Hk reads the backward's
+     * bits one query head at a time; then each (b, h, i, j) has one term */
+    for (int64_t b = 0; ok && b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    const size_t m = (size_t)(((b * Hq + h) * N + i) * N + j);
+                    mask_fwd[m] = from_half(dt, ho[((b * N + i) * Hq + h) * D + j]) != 0.0f;
+                    mask_bwd[m] = Hq == Hk && from_half(dt, hdv[((b * N + j) * Hk + h) * D + i]) != 0.0f;
+                }
+    for (int t = 0; t < 8; t++) {
+        if (!buf[t]) continue;
+        if (dev) flashc_backend_free(be, buf[t]);
+        else free(buf[t]);
+    }
+    if (lse) { if (dev) flashc_backend_free(be, lse); else free(lse); }
+    free(hq), free(hv), free(hdo), free(ho), free(hdv);
+    return ok;
+}
+
+/* The CPU and CUDA backends draw the same dropout keep bits for the same seed and offset, in
+ * the forward and again in the backward: compared bit for bit. */
+static int dropout_cpu_cuda_checks(void)
+{
+    static const struct { flashc_dtype dt; int64_t B, N, Hq, Hk, D; float p; uint64_t seed, offset; } cs[] = {
+        {FLASHC_F16, 2, 100, 2, 2, 128, 0.3f, 0x9e3779b97f4a7c15ull, 5},
+        {FLASHC_BF16, 1, 64, 3, 3, 64, 0.5f, 12345, (uint64_t)1 << 33},
+        {FLASHC_F16, 2, 77, 4, 1, 96, 0.1f, 7, 0}, /* GQA 4:1: the forward's bits */
+    };
+    flashc_backend *cpu = NULL;
+    if (flashc_backend_create("cpu", NULL, &cpu) != FLASHC_OK) {
+        printf("  cpu backend unavailable: %s\n", flashc_last_error());
+        return 1;
+    }
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const size_t n = (size_t)(cs[c].B * cs[c].Hq * cs[c].N * cs[c].N);
+        unsigned char *f[2], *g[2];
+        for (int k = 0; k < 2; k++) f[k] = (unsigned char *)malloc(n), g[k] = (unsigned char *)malloc(n);
+        int ok = 1;
+        for (int k = 0; k < 2 && ok; k++)
+            ok = dropout_masks(k ? g_cuda : cpu, k, cs[c].dt, cs[c].B, cs[c].N, cs[c].Hq, cs[c].Hk, cs[c].D,
+                               cs[c].p, cs[c].seed, cs[c].offset, f[k], g[k]);
+        long fdiff = 0, bdiff = 0, kept = 0;
+        for (size_t i = 0; ok && i < n; i++) {
+            fdiff += f[0][i] != f[1][i];
+            bdiff += g[0][i] != g[1][i] || (cs[c].Hq == cs[c].Hk && g[1][i] != f[1][i]);
+            kept += f[1][i];
+        }
+        const double frac = ok ? (double)kept / (double)n : 0.0;
+        /* the kept share near 1 - p: a mask of all zeros or all ones on both sides would not pass */
+        ok = ok && fdiff == 0 && bdiff == 0 && fabs(frac - (1.0 - cs[c].p)) < 0.03;
+        printf("  dropout p=%.2g %s B%lld N%lld H%lld:%lld D%lld: %ld forward / %ld backward bits differ of %zu, "
+               "kept %.3f  %s\n", cs[c].p, cs[c].dt == FLASHC_BF16 ? "bf16" : "f16", (long long)cs[c].B,
+               (long long)cs[c].N, (long long)cs[c].Hq, (long long)cs[c].Hk, (long long)cs[c].D, fdiff, bdiff, n,
+               frac, ok ? "PASS" : "FAIL");
+        fails += !ok;
+        for (int k = 0; k < 2; k++) free(f[k]), free(g[k]);
+    }
+    flashc_backend_destroy(cpu);
+    return fails;
+}
+
 int main(int argc, char **argv)
 {
     int small = 0, threads = 8;
@@ -880,7 +1079,10 @@ int main(int argc, char **argv)
     }
     printf("error paths:\n");
     int efails = error_path_checks();
-    printf("\nsummary: %d cases in %.1f s, %d failed; error paths: %d failed\n", g_ncases,
+    efails += bad_cu_seqlens_checks();
+    printf("dropout keep bits, cpu against cuda:\n");
+    efails += dropout_cpu_cuda_checks();
+    printf("\nsummary: %d cases in %.1f s, %d failed; error paths and dropout bits: %d failed\n", g_ncases,
            (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec), fails, efails);
     for (int bi = 0; bi < 2; bi++)
         printf("worst relative error %-4s (bar %.0e): out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e\n",
