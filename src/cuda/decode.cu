@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
 /* ---- split combine ----------------------------------------------------------------------- */
 
 #define COMBINE_WARPS 4
+#define COMBINE_BATCH 16
 
 /* One warp per output row (b, i, h): the splits' partial O weighted by exp(lse_s - lse). */
 template <int BF16>
@@ -468,11 +469,24 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
     const float *po = a.part_o + (((int64_t)b * a.nq + i) * a.heads_q + h) * a.head_dim;
     for (int col = lane * 4; col < a.head_dim; col += 128) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < a.splits; s++) {
-            const float w = wsh[warp][s];
-            if (w == 0.0f) continue; /* an empty split: its O is not used */
-            const float4 x = *(const float4 *)(po + s * ostride + col);
-            acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+        /* COMBINE_BATCH loads in flight before the first is used: one after the other, the
+         * splits' rows cost an L2 round trip each, which at batch 1 was most of the call */
+        for (int s0 = 0; s0 < a.splits; s0 += COMBINE_BATCH) {
+            float4 x[COMBINE_BATCH];
+            float w[COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                const int s = s0 + u;
+                w[u] = s < a.splits ? wsh[warp][s] : 0.0f;
+                /* an empty split's O is never written: not read, not used */
+                x[u] = w[u] != 0.0f ? *(const float4 *)(po + s * ostride + col)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++)
+                if (w[u] != 0.0f)
+                    acc.x += w[u] * x[u].x, acc.y += w[u] * x[u].y, acc.z += w[u] * x[u].z,
+                        acc.w += w[u] * x[u].w;
         }
         uint2 v;
         v.x = pack2<BF16>(acc.x, acc.y);

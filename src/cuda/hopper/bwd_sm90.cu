@@ -56,6 +56,7 @@
 
 #include "bwd_sm90.h"
 #include "sm90_ptx.cuh"
+#include "sm90_tmap.h"
 
 #define SM90B_BN 128      /* keys per CTA: 64 per consumer warpgroup */
 #define SM90B_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
@@ -655,41 +656,6 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     return 1;
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 sm90b_encoder(void)
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL; /* same value from any thread */
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-    }
-    return fn;
-}
-
-/* A 4-D map {head_dim, seqlen, heads, batch} with boxes of 64 columns x box_rows rows and the
- * 128-byte swizzle; rows outside the tensor read as zeros. A dimension of one element gets
- * the dense stride (TMA wants positive multiples of 16 bytes). */
-static int sm90b_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, int64_t seqlen, int64_t heads,
-                        int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows)
-{
-    PFN_cuTensorMapEncodeTiled_v12000 enc = sm90b_encoder();
-    if (!enc) return 0;
-    if (seqlen <= 1) ss = d;
-    if (heads <= 1) sh = d * seqlen;
-    if (batch <= 1) sb = d * seqlen * heads;
-    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
-    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
-    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-    cuuint32_t estr[4] = {1, 1, 1, 1};
-    CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)ptr,
-                     dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
-}
-
 template <int D, int BF16, int FEAT>
 static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w, cudaStream_t stream)
 {
@@ -700,12 +666,12 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     int *sem = a->deterministic ? (int *)(ws + w->sem_off) : NULL;
 
     CUtensorMap tq, tk, tv, tdo;
-    if (!sm90b_encode(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb, BM) ||
-        !sm90b_encode(&tk, a->k, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb,
+    if (!fc_sm90_encode_map(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb, BM) ||
+        !fc_sm90_encode_map(&tk, a->k, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb,
                       SM90B_BN) ||
-        !sm90b_encode(&tv, a->v, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb,
+        !fc_sm90_encode_map(&tv, a->v, BF16, D, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb,
                       SM90B_BN) ||
-        !sm90b_encode(&tdo, a->dout, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->do_ss, a->do_sh, a->do_sb, BM))
+        !fc_sm90_encode_map(&tdo, a->dout, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->do_ss, a->do_sh, a->do_sb, BM))
         return cudaErrorInvalidValue;
 
     sm90_bwd_pre_params pre;

@@ -50,6 +50,7 @@
 
 #include "fwd_sm90.h"
 #include "sm90_ptx.cuh"
+#include "sm90_tmap.h"
 
 /* What the kernel needs besides the tensor maps. */
 typedef struct sm90_fwd_params {
@@ -689,57 +690,16 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     return 1;
 }
 
-/* cuTensorMapEncodeTiled through the runtime's driver entry point, so that nothing links
- * libcuda directly. */
-static PFN_cuTensorMapEncodeTiled_v12000 sm90_encoder(void)
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL; /* same value from any thread */
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-    }
-    return fn;
-}
-
-/* A 4-D map {head_dim, seqlen, heads, batch} over a [batch, seqlen, heads, head_dim] view,
- * boxes of 64 columns x box_rows rows, 128-byte swizzle, zeros outside. Dimensions of one
- * element get the dense stride (TMA wants every stride a positive multiple of 16 bytes). */
-static int sm90_encode(CUtensorMap *map, const void *ptr, int bf16, int64_t d, int64_t seqlen,
-                       int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows)
-{
-    PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encoder();
-    if (!enc) return 0;
-    if (seqlen < 1) seqlen = 1; /* an empty key set is never loaded; keep the map valid */
-    if (batch < 1) batch = 1;
-    const int64_t dense_s = d, dense_h = d * seqlen, dense_b = d * seqlen * heads;
-    if (seqlen <= 1) ss = dense_s;
-    if (heads <= 1) sh = dense_h;
-    if (batch <= 1) sb = dense_b;
-    cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
-    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
-    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-    cuuint32_t estr[4] = {1, 1, 1, 1};
-    CUresult r = enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                     (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
-}
-
 template <int D, int BN, int STAGES, int BF16, int FEAT>
 static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
                                cudaStream_t stream)
 {
     CUtensorMap tq, tk, tv, to;
-    if (!sm90_encode(&tq, a->q, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
+    if (!fc_sm90_encode_map(&tq, a->q, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
                      SM90_BM) ||
-        !sm90_encode(&tk, a->k, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
-        !sm90_encode(&tv, a->v, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
-        !sm90_encode(&to, a->o, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
+        !fc_sm90_encode_map(&tk, a->k, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
+        !fc_sm90_encode_map(&tv, a->v, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
+        !fc_sm90_encode_map(&to, a->o, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
         return cudaErrorInvalidValue;
     const uint32_t smem = sm90_fwd_layout<D, BN, STAGES>::TOTAL;
     cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT>,
