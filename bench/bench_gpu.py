@@ -51,8 +51,14 @@ class Params(ctypes.Structure):
                 ("workspace", ctypes.c_void_p), ("workspace_size", ctypes.c_size_t)]
 
 
+class BackendConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_threads", ctypes.c_int32),
+                ("device", ctypes.c_int32), ("cpu_isa", ctypes.c_char_p),
+                ("cuda_kernels", ctypes.c_char_p)]
+
+
 class Flashc:
-    def __init__(self, path):
+    def __init__(self, path, kernels=None):
         self.lib = ctypes.CDLL(path)
         L = self.lib
         L.flashc_last_error.restype = ctypes.c_char_p
@@ -64,8 +70,13 @@ class Flashc:
         L.flashc_forward.argtypes = [ctypes.c_void_p, P, T, T, T, T, T]
         L.flashc_backward.argtypes = [ctypes.c_void_p, P, T, T, T, T, T, T, T, T, T]
         L.flashc_backward_workspace_size.argtypes = [ctypes.c_void_p, P, T, T, ctypes.POINTER(ctypes.c_size_t)]
+        L.flashc_backend_config_init_sized.argtypes = [ctypes.POINTER(BackendConfig), ctypes.c_size_t]
+        self.cfg = BackendConfig()
+        L.flashc_backend_config_init_sized(ctypes.byref(self.cfg), ctypes.sizeof(BackendConfig))
+        if kernels:  # "mma": the portable mma.sync kernels even where faster ones exist
+            self.cfg.cuda_kernels = kernels.encode()
         self.be = ctypes.c_void_p()
-        self.check(L.flashc_backend_create(b"cuda", None, ctypes.byref(self.be)))
+        self.check(L.flashc_backend_create(b"cuda", ctypes.byref(self.cfg), ctypes.byref(self.be)))
 
     def check(self, status):
         if status != 0:
@@ -193,11 +204,14 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--peers", default="FA2,cuDNN,mem-eff", help="SDPA backends to time beside flashc")
+    ap.add_argument("--mma", action="store_true",
+                    help="also time flashc with its mma.sync kernels forced (the portable path)")
     args = ap.parse_args()
     peers = [p for p in PEERS if p[0] in args.peers.split(",")]
 
     torch.manual_seed(0)
     fc = Flashc(args.lib)
+    fc_mma = Flashc(args.lib, "mma") if args.mma else None
     gpu = torch.cuda.get_device_name()
     print(fc.describe(), flush=True)
     ceiling = gemm_tflops()
@@ -223,6 +237,10 @@ def main():
                     fl = flops_fwd(B, H, N, D, causal)
                     r = {"dtype": dname, "D": D, "causal": causal, "N": N, "B": B, "H": H}
                     r["flashc"] = (fl / bench_ms(call.forward) / 1e9, 2.5 * fl / bench_ms(call.backward) / 1e9)
+                    if fc_mma:
+                        mc = FlashcCall(fc_mma, q, k, v, do, causal, 1 if args.deterministic else 0)
+                        r["mma"] = (fl / bench_ms(mc.forward) / 1e9, 2.5 * fl / bench_ms(mc.backward) / 1e9)
+                        del mc
                     for name, be in ([] if args.only_flashc else peers):
                         fwd, bwd, out, err = time_sdpa(be, q, k, v, do, causal)
                         if err:
@@ -259,6 +277,7 @@ def write_results(rows, args, gpu, ceiling, description):
     date = datetime.date.today().isoformat()
     tag = f"{date}-{gpu.replace(' ', '_')}-{args.commit}"
     peers = ["FA2", "cuDNN", "mem-eff", "flex"]
+    has_mma = any("mma" in r for r in rows)
     f = lambda x: "" if x is None else f"{x:.0f}"  # noqa: E731
     lines = [f"# flashc CUDA benchmark, {date}", "",
              f"GPU: {gpu}; flashc commit {args.commit}; {description}; torch {torch.__version__}.",
@@ -269,9 +288,10 @@ def write_results(rows, args, gpu, ceiling, description):
              "diff = ||O_flashc - O_FA2|| / ||O_FA2||.", "",
              "| dtype | d | causal | seqlen | flashc fwd | flashc bwd | " +
              " | ".join(f"{p} fwd | {p} bwd" for p in peers) +
-             " | ratio fwd | ratio bwd | vs FA2 fwd | vs FA2 bwd | diff |",
-             "|" + "---|" * (6 + 2 * len(peers) + 5)]
-    summary = []
+             " | ratio fwd | ratio bwd | vs FA2 fwd | vs FA2 bwd | diff |" +
+             (" mma.sync fwd | mma.sync bwd | mma vs FA2 fwd | mma vs FA2 bwd |" if has_mma else ""),
+             "|" + "---|" * (6 + 2 * len(peers) + 5 + (4 if has_mma else 0))]
+    summary, mma_summary = [], []
     for r in rows:
         cells = [r["dtype"], str(r["D"]), "yes" if r["causal"] else "no", str(r["N"]),
                  f(r["flashc"][0]), f(r["flashc"][1])]
@@ -287,13 +307,23 @@ def write_results(rows, args, gpu, ceiling, description):
         vs = [r["flashc"][i] / fa2[i] if fa2[i] else None for i in range(2)]
         cells += [f"{x:.2f}" if x else "" for x in ratio] + [f"{x:.2f}" if x else "" for x in vs]
         cells.append(f"{r['diff_fa2']:.1e}" if "diff_fa2" in r else "")
+        mvs = []
+        if has_mma:
+            m = r.get("mma", (None, None))
+            mvs = [m[i] / fa2[i] if m[i] and fa2[i] else None for i in range(2)]
+            cells += [f(m[0]), f(m[1])] + [f"{x:.2f}" if x else "" for x in mvs]
         lines.append("| " + " | ".join(cells) + " |")
         if r["N"] >= 1024 and r["D"] in (64, 128):
             summary += [x for x in vs if x is not None]
+            mma_summary += [x for x in mvs if x is not None]
     if summary:
         lines += ["", f"Target rows (seqlen >= 1k, d64/d128): flashc / FA2 min {min(summary):.2f}, "
                       f"median {statistics.median(summary):.2f}, "
                       f"{sum(1 for x in summary if x >= 1.0)} of {len(summary)} figures >= 1.00."]
+    if mma_summary:
+        lines += ["", f"The same rows with the mma.sync kernels forced: / FA2 min {min(mma_summary):.2f}, "
+                      f"median {statistics.median(mma_summary):.2f}, "
+                      f"{sum(1 for x in mma_summary if x >= 1.0)} of {len(mma_summary)} figures >= 1.00."]
     md = os.path.join(args.out, tag + ".md")
     with open(md, "w") as fh:
         fh.write("\n".join(lines) + "\n")
