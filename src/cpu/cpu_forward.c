@@ -92,11 +92,15 @@ static void forward_task(void *ctx, int64_t task, int thread)
     const flashc_cpu_kernels *kern = job->kern;
     const int dp = job->dp;
     int64_t b, h, qblock;
-    if (!job->qb.start) { /* fixed length: the last query blocks (longest under causal) first */
-        const int64_t bh = pr->batch * pr->heads_q;
-        qblock = job->qb.per_seq - 1 - task / bh;
-        b = (task % bh) / pr->heads_q;
-        h = task % pr->heads_q;
+    if (!job->qb.start) {
+        /* fixed length: the query blocks of one head in a row, so the threads working on a
+         * head read its packed K/V from their own L2 rather than each task bringing in
+         * another head's; within a head the last blocks (longest under causal) first, so
+         * the shortest tasks are the ones left to balance the threads at the end */
+        const int64_t bh = task / job->qb.per_seq;
+        qblock = job->qb.per_seq - 1 - task % job->qb.per_seq;
+        b = bh / pr->heads_q;
+        h = bh % pr->heads_q;
     } else {
         const int64_t u = task / pr->heads_q;
         h = task % pr->heads_q;
@@ -156,12 +160,19 @@ static void forward_task(void *ctx, int64_t task, int thread)
             flashc_cpu_apply_mods(&md, s, m, n, i0, j0, cbeg, NULL);
             sc = 1.0f;
         }
+        const int bad =
+            job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] != 0;
+        if (job->use16 && kern->softmax16 && !dropout && !bad) { /* P rounded as it is made */
+            kern->softmax16(s, m, n, ncols, sc, row_max, row_sum, acc, dp, p16);
+            kern->gemm_acc16(m, n, dp, p16, vp, acc);
+            continue;
+        }
         kern->softmax(s, m, n, ncols, sc, row_max, row_sum, acc, dp);
         if (dropout) { /* after the softmax, so row_sum (and the LSE) stay un-dropped */
             flashc_cpu_dropout_block(pr, b, h, i0, m, j0, n, drop);
             flashc_cpu_mul_block(s, drop, m, n);
         }
-        if (job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)]) {
+        if (bad) {
             /* a NaN or inf in V: P V without the 0 * NaN of the keys a row does not see */
             flashc_cpu_acc_block_sparse(m, n, dp, s, job->v, sq.batch, sq.k0 + j0, hk, acc);
         } else if (job->use16) {

@@ -80,6 +80,11 @@ typedef struct flashc_cpu_kernels {
                        float *c);
     /* Rows of a bf16 P: dst[m][64] = bf16(src[m][0:n]), zero from n to 64. */
     void (*round_p16)(uint16_t *dst, const float *src, int m, int n);
+    /* softmax, then round_p16(p16, s, m, n), in one pass (NULL where the set has none),
+     * for the bf16 forward only: its exponential may be less exact than exp_sum's, within
+     * a few float ULP (P is rounded to bf16 next). */
+    void (*softmax16)(float *s, int m, int n, const int *ncols, float scale, float *row_max,
+                      float *row_sum, float *o, int dp, uint16_t *p16);
 
     /* bf16 backward path, NULL where the set has none (the backward then keeps its float32
      * products). With these the five products of a block pair all take bf16 operands:

@@ -256,6 +256,63 @@ static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int
     }
 }
 
+/* 2^t for the bf16 forward's softmax: t clamped to >= -200 (exactly 0 below 2^-149, NaN
+ * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-5 fit at the
+ * Chebyshev nodes of [-1/2, 1/2] with its constant term set to 1 (relative error 2.7e-7 in
+ * float), then scalef. Four operations fewer than e^x with its Cody-Waite reduction and
+ * degree-6 polynomial; the argument's own rounding (t = x log2 e) adds at most |t| 2^-24, far below
+ * the bf16 rounding (2^-9) that P goes through next. */
+static inline __m512 avx512_vexp2_p16(__m512 t)
+{
+    t = _mm512_max_ps(_mm512_set1_ps(-200.0f), t);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3390863314270973e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.676031768321991e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503569543361664e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402210682630539e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471824645996e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)); /* 2^0 = 1 exactly: P = 1 at the max */
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The online softmax of the bf16 forward with P's rounding fused into it: each vector of
+ * exponentials is stored as float (the running sum and the paths that still need float P
+ * use it) and, while still in a register, as bf16, which saves round_p16's second pass over
+ * the block. The exponential is avx512_vexp2_p16 of (x - max) log2 e. */
+static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
+                                     float *row_max, float *row_sum, float *o, int dp,
+                                     uint16_t *p16)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int r = 0; r < m; r++) {
+        float *srow = s + r * FLASHC_CPU_BLOCK_N;
+        uint16_t *prow = p16 + r * FLASHC_CPU_BLOCK_N;
+        const int nc = ncols[r];
+        float new_max, sc;
+        int c0 = 0;
+        if (avx512_softmax_head(srow, n, nc, scale, row_max + r, row_sum + r, &new_max, &sc)) {
+            const __m512 vnegmax = _mm512_set1_ps(-new_max), vsc = _mm512_set1_ps(sc);
+            const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
+            __m512 vsum = _mm512_setzero_ps();
+            for (; c0 < n; c0 += 16) {
+                /* x - max first, as the float softmax does: the product by log2 e after it
+                 * stays finite wherever x - max is */
+                __m512 x = _mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax);
+                x = VSELECT_LT(c0, nc, _mm512_mul_ps(x, vl2e), neg_inf);
+                __m512 e = avx512_vexp2_p16(x);
+                _mm512_store_ps(srow + c0, e);
+                _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
+                vsum = _mm512_add_ps(vsum, e);
+            }
+            avx512_softmax_tail(new_max, _mm512_reduce_add_ps(vsum), row_max + r, row_sum + r,
+                                o + (ptrdiff_t)r * dp, dp);
+        }
+        for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16) /* past n, or the whole of a row with P = 0 */
+            _mm256_store_si256((__m256i *)(prow + c0), _mm256_setzero_si256());
+    }
+}
+
 /* Rows r, r+1 of src become the 32-bit pairs (r, c), (r + 1, c) of row r/2 of dst: both rows
  * rounded to bf16 in one vcvtne2ps2bf16 (x in the low half, y in the high), then
  * interleaved with one vpermw. Rows past m and columns past n are zero. */
@@ -602,6 +659,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_panel16 = avx512_gemm_panel16,
     .gemm_acc16 = avx512_gemm_acc16,
     .round_p16 = avx512_round_p16,
+    .softmax16 = avx512_softmax16,
     .gemm_panel16_acc = avx512_gemm_panel16_acc,
     .pair_p16 = avx512_pair_p16,
     .bf16_supported = avx512_bf16_supported,

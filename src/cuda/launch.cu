@@ -177,11 +177,13 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 /* ---- forward --------------------------------------------------------------------------- */
 
 #ifdef FLASHC_HAVE_SM90
-/* The features the Hopper kernels compute themselves (their feature instantiations); varlen
- * and dropout calls go to mma.sync. */
-static int sm90_serves_features(const flashc_problem *pr)
+/* The features the Hopper kernels compute themselves (their feature instantiations): window,
+ * softcap and ALiBi both ways, varlen in the forward; dropout calls (and varlen backwards) go
+ * to mma.sync. */
+static int sm90_serves_features(const flashc_problem *pr, int backward)
 {
-    const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI;
+    const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
+                            (backward ? 0u : (uint32_t)FLASHC_FEATURE_VARLEN);
     return (pr->features & ~served) == 0;
 }
 
@@ -204,7 +206,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
                             flashc_tensor *lse, cudaError_t *err)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr, 0)) return 0;
     fc_sm90_fwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
@@ -219,6 +221,13 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
     h.scale = pr->scale;
     h.causal = pr->causal;
     FC_SM90_FEATURES(h, pr);
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        h.cu_seqlens_q = pr->cu_seqlens_q;
+        h.cu_seqlens_k = pr->cu_seqlens_k;
+        h.num_seqs = (int)pr->num_seqs;
+        h.max_seqlen_q = (int)pr->max_seqlen_q;
+        h.max_seqlen_k = (int)pr->max_seqlen_k;
+    }
     if (!fc_sm90_forward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     *err = fc_sm90_forward(&h, (cudaStream_t)pr->stream);
     return 1;
@@ -314,7 +323,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
                              const flashc_tensor *out, const flashc_tensor *lse, flashc_tensor *dq,
                              flashc_tensor *dk, flashc_tensor *dv, flashc_status *st)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr, 1)) return 0;
     fc_sm90_bwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
@@ -374,7 +383,7 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     size_t total = workspace_layout(pr).total;
 #ifdef FLASHC_HAVE_SM90
     /* Enough for either path: which one runs depends on the views, known only at the call. */
-    if (s && s->use_wgmma && sm90_serves_features(pr)) {
+    if (s && s->use_wgmma && sm90_serves_features(pr, 1)) {
         fc_sm90_bwd_args h;
         memset(&h, 0, sizeof h);
         FC_SM90_SIZES(h, pr);

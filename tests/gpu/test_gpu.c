@@ -907,6 +907,82 @@ static int bad_cu_seqlens_checks(void)
     return fails;
 }
 
+/* A varlen batch whose middle sequence has inf in V: the sequences beside it must come out
+ * bitwise as they do with finite values there (a kernel that multiplies the zero
+ * probabilities past a sequence's end by the next sequence's rows fails this). */
+static int varlen_neighbour_checks(void)
+{
+    enum { H = 2, D = 128, NS = 3 };
+    static const int32_t cu[NS + 1] = {0, 50, 250, 290};
+    const int64_t total = cu[NS];
+    const size_t n = (size_t)total * H * D;
+    uint16_t *hq = (uint16_t *)malloc(n * 2), *hk = (uint16_t *)malloc(n * 2), *hv = (uint16_t *)malloc(n * 2);
+    uint16_t *out[2] = {(uint16_t *)malloc(n * 2), (uint16_t *)malloc(n * 2)};
+    uint64_t seed = 5;
+    for (size_t i = 0; i < n; i++) {
+        hq[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
+        hk[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
+        hv[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
+    }
+    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dl = NULL, *dcu = NULL;
+    int fails = 0;
+    for (int causal = 0; causal <= 1; causal++) {
+        for (int run = 0; run < 2; run++) {
+            if (run == 1) /* the middle sequence's values: +inf and NaN */
+                for (int64_t j = cu[1]; j < cu[2]; j++)
+                    for (int64_t e = 0; e < H * D; e++)
+                        hv[j * H * D + e] = (j + e) % 2 ? 0x7c00 : 0x7e00;
+            if (!dq && (flashc_backend_malloc(g_cuda, n * 2, &dq) || flashc_backend_malloc(g_cuda, n * 2, &dk) ||
+                        flashc_backend_malloc(g_cuda, n * 2, &dv) || flashc_backend_malloc(g_cuda, n * 2, &dout) ||
+                        flashc_backend_malloc(g_cuda, (size_t)H * total * 4, &dl) ||
+                        flashc_backend_malloc(g_cuda, sizeof cu, &dcu))) {
+                printf("  varlen neighbours: allocation failed: %s\n", flashc_last_error());
+                return 1;
+            }
+            flashc_backend_memcpy(g_cuda, dq, hq, n * 2, FLASHC_COPY_TO_BACKEND);
+            flashc_backend_memcpy(g_cuda, dk, hk, n * 2, FLASHC_COPY_TO_BACKEND);
+            flashc_backend_memcpy(g_cuda, dv, hv, n * 2, FLASHC_COPY_TO_BACKEND);
+            flashc_backend_memcpy(g_cuda, dcu, cu, sizeof cu, FLASHC_COPY_TO_BACKEND);
+            flashc_tensor tq = flashc_tensor_contiguous(dq, FLASHC_F16, 1, total, H, D);
+            flashc_tensor tk = flashc_tensor_contiguous(dk, FLASHC_F16, 1, total, H, D);
+            flashc_tensor tv = flashc_tensor_contiguous(dv, FLASHC_F16, 1, total, H, D);
+            flashc_tensor to = flashc_tensor_contiguous(dout, FLASHC_F16, 1, total, H, D);
+            flashc_tensor tl = flashc_lse_contiguous((float *)dl, 1, H, total);
+            flashc_params p;
+            flashc_params_init(&p);
+            p.cu_seqlens_q = p.cu_seqlens_k = (const int32_t *)dcu;
+            p.num_seqs = NS;
+            p.max_seqlen_q = p.max_seqlen_k = 200;
+            p.causal = causal;
+            flashc_status st = flashc_forward(g_cuda, &p, &tq, &tk, &tv, &to, &tl);
+            if (st != FLASHC_OK) {
+                printf("  varlen neighbours: forward failed: %s\n", flashc_last_error());
+                fails++;
+            }
+            flashc_backend_memcpy(g_cuda, out[run], dout, n * 2, FLASHC_COPY_TO_HOST);
+        }
+        long differ = 0, nonfinite = 0;
+        for (int64_t j = 0; j < total; j++) {
+            if (j >= cu[1] && j < cu[2]) continue; /* the middle sequence itself */
+            for (int64_t e = 0; e < H * D; e++) {
+                const size_t i = (size_t)(j * H * D + e);
+                differ += out[0][i] != out[1][i];
+                nonfinite += !isfinite(from_half(FLASHC_F16, out[1][i]));
+            }
+        }
+        const int ok = differ == 0 && nonfinite == 0;
+        printf("  varlen, inf/NaN in the middle sequence's V (%s): %ld elements of its neighbours differ, %ld "
+               "non-finite  %s\n", causal ? "causal" : "non-causal", differ, nonfinite, ok ? "PASS" : "FAIL");
+        fails += !ok;
+        for (int64_t j = cu[1]; j < cu[2]; j++) /* finite again for the next pass */
+            for (int64_t e = 0; e < H * D; e++) hv[j * H * D + e] = to_half(FLASHC_F16, 0.5f);
+    }
+    flashc_backend_free(g_cuda, dq), flashc_backend_free(g_cuda, dk), flashc_backend_free(g_cuda, dv);
+    flashc_backend_free(g_cuda, dout), flashc_backend_free(g_cuda, dl), flashc_backend_free(g_cuda, dcu);
+    free(hq), free(hk), free(hv), free(out[0]), free(out[1]);
+    return fails;
+}
+
 /* ---- dropout keep bits, CPU against CUDA ------------------------------------------------ */
 
 /* One dropout forward and backward on a backend whose probabilities are exactly uniform
@@ -1080,6 +1156,7 @@ int main(int argc, char **argv)
     printf("error paths:\n");
     int efails = error_path_checks();
     efails += bad_cu_seqlens_checks();
+    efails += varlen_neighbour_checks();
     printf("dropout keep bits, cpu against cuda:\n");
     efails += dropout_cpu_cuda_checks();
     printf("\nsummary: %d cases in %.1f s, %d failed; error paths and dropout bits: %d failed\n", g_ncases,

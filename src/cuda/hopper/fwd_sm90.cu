@@ -83,7 +83,30 @@ typedef struct sm90_fwd_feat {
     float softcap_log2; /* softcap * log2(e) */
     const float *alibi; /* slope of (b, h) at alibi[b * alibi_sb + h] */
     int64_t alibi_sb;
+    /* Variable-length batches: tile batch b is sequence b, rows [cu_q[b], cu_q[b+1]) of the
+     * packed q / out / lse (tensor batch 0) against keys [cu_k[b], cu_k[b+1]). O rows of a
+     * sequence's last, partial tile are stored without TMA (whose clipping stops only at the
+     * packed tensor's end), so that o, its strides and the real head dim are here too. */
+    int varlen, top_left;
+    const int32_t *cu_q, *cu_k;
+    uint16_t *o;
+    int64_t o_sb, o_ss, o_sh;
+    int head_dim;
 } sm90_fwd_feat;
+
+/* The sequence of a tile: its rows q0 .. q0 + nq of the tensors' batch tb against keys
+ * k0 .. k0 + nk, query i on the diagonal of key i + off. Plain kernels: batch b of fixed
+ * lengths. Offsets from the device are clamped into the packed tensors and made
+ * non-decreasing, so offsets that break their rules give wrong rows, never an access outside
+ * the tensors. */
+typedef struct sm90_seq {
+    int q0, nq, k0, nk, off, tb;
+} sm90_seq;
+
+static __device__ __forceinline__ int sm90_clamp(int x, int lo, int hi)
+{
+    return x < lo ? lo : (x > hi ? hi : x);
+}
 
 #define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
 #define SM90_THREADS 384    /* producer warpgroup + 2 consumer warpgroups */
@@ -91,9 +114,11 @@ typedef struct sm90_fwd_feat {
 #define SM90_CONSUMER_REGS 240 /* 128 x 24 + 256 x 240 = 64,512 of 65,536 */
 
 /* Named barriers: 0 is __syncthreads; 1 and 2 order the consumers' GEMM issue (ping-pong);
- * 3 and 4 gather one consumer before its O store. */
+ * 3 and 4 gather one consumer before its O store; 5 joins both consumers once they have
+ * cleared the rows of a varlen sequence's last V block that belong to the next sequence. */
 #define SM90_BAR_SCHED0 1
 #define SM90_BAR_EPI0 3
+#define SM90_BAR_VTAIL 5
 
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
@@ -121,6 +146,27 @@ static __device__ __forceinline__ void sm90_tile(int t, const sm90_fwd_params &p
     }
     b = bh / p.heads_q;
     h = bh - b * p.heads_q;
+}
+
+template <int FEAT>
+static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p, const sm90_fwd_feat &f, int b)
+{
+    sm90_seq s;
+    if (FEAT == 2) {
+        s.q0 = sm90_clamp(f.cu_q[b], 0, p.seqlen_q);
+        s.nq = sm90_clamp(f.cu_q[b + 1], s.q0, p.seqlen_q) - s.q0;
+        s.k0 = sm90_clamp(f.cu_k[b], 0, p.seqlen_k);
+        s.nk = sm90_clamp(f.cu_k[b + 1], s.k0, p.seqlen_k) - s.k0;
+        s.off = f.top_left ? 0 : s.nk - s.nq;
+        s.tb = 0;
+    } else {
+        s.q0 = s.k0 = 0;
+        s.nq = p.seqlen_q;
+        s.nk = p.seqlen_k;
+        s.off = FEAT ? f.off : p.causal_offset;
+        s.tb = b;
+    }
+    return s;
 }
 
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
@@ -173,20 +219,20 @@ static __device__ __forceinline__ void sm90_online_softmax(float (&s)[BN / 2], f
     }
 }
 
-/* The band of keys query i sees, [sm90_key_lo, sm90_key_hi), clamped to [0, seqlen_k]; both
+/* The band of keys query i sees, [sm90_key_lo, sm90_key_hi), clamped to [0, nk]; both
  * grow with i. 64-bit, because a window may be as wide as INT32_MAX. */
-static __device__ __forceinline__ int sm90_key_lo(const sm90_fwd_params &p, const sm90_fwd_feat &f, int i)
+static __device__ __forceinline__ int sm90_key_lo(const sm90_seq &q, const sm90_fwd_feat &f, int i)
 {
     if (!f.has_left) return 0;
-    const long long x = (long long)i + f.off - f.left;
-    return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
+    const long long x = (long long)i + q.off - f.left;
+    return x < 0 ? 0 : (x > q.nk ? q.nk : (int)x);
 }
 
-static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, const sm90_fwd_feat &f, int i)
+static __device__ __forceinline__ int sm90_key_hi(const sm90_seq &q, const sm90_fwd_feat &f, int i)
 {
-    if (!f.has_right) return p.seqlen_k;
-    const long long x = (long long)i + f.off + f.right + 1;
-    return x < 0 ? 0 : (x > p.seqlen_k ? p.seqlen_k : (int)x);
+    if (!f.has_right) return q.nk;
+    const long long x = (long long)i + q.off + f.right + 1;
+    return x < 0 ? 0 : (x > q.nk ? q.nk : (int)x);
 }
 
 /* Key blocks [first, first + n) that some row of the m-block starting at m0 sees. The plain
@@ -196,16 +242,18 @@ static __device__ __forceinline__ int sm90_key_hi(const sm90_fwd_params &p, cons
  * step. */
 template <int BM, int BN, int FEAT>
 static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p, const sm90_fwd_feat &f,
-                                                       int m0, int &first, int &n)
+                                                       const sm90_seq &q, int m0, int &first, int &n)
 {
-    const int last = min(m0 + BM, p.seqlen_q) - 1;
+    const int last = min(m0 + BM, q.nq) - 1;
     first = 0;
     if (!FEAT) {
-        int n_end = p.seqlen_k;
-        if (p.causal) n_end = min(n_end, last + p.causal_offset + 1);
+        int n_end = q.nk;
+        if (p.causal) n_end = min(n_end, last + q.off + 1);
         n = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    } else if (m0 >= q.nq) { /* varlen: an m-block past a short sequence's end */
+        n = 0;
     } else {
-        const int lo = sm90_key_lo(p, f, m0), hi = sm90_key_hi(p, f, last);
+        const int lo = sm90_key_lo(q, f, m0), hi = sm90_key_hi(q, f, last);
         n = 0;
         if (lo < hi) {
             first = lo / BN;
@@ -247,14 +295,14 @@ static __device__ __forceinline__ void sm90_transform(float (&s)[BN / 2], const 
 /* The band mask of a feature kernel: -inf outside [key_lo(row), key_hi(row)) of each row. */
 template <int BN>
 static __device__ __forceinline__ void sm90_mask_band(float (&s)[BN / 2], int n0, int row0,
-                                                      const sm90_fwd_params &p, const sm90_fwd_feat &f,
+                                                      const sm90_seq &q, const sm90_fwd_feat &f,
                                                       int lane)
 {
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int row = row0 + 8 * hr;
-        const int lo = sm90_key_lo(p, f, row) - n0 - 2 * (lane & 3);
-        const int hi = sm90_key_hi(p, f, row) - n0 - 2 * (lane & 3);
+        const int lo = sm90_key_lo(q, f, row) - n0 - 2 * (lane & 3);
+        const int hi = sm90_key_hi(q, f, row) - n0 - 2 * (lane & 3);
 #pragma unroll
         for (int j = 0; j < BN / 2; j++)
             if (((j >> 1) & 1) == hr) {
@@ -267,13 +315,13 @@ static __device__ __forceinline__ void sm90_mask_band(float (&s)[BN / 2], int n0
 /* Sets to -inf the scores of keys that row r (two per thread) does not see. */
 template <int BN>
 static __device__ __forceinline__ void sm90_mask(float (&s)[BN / 2], int n0, int row0,
-                                                 const sm90_fwd_params &p, int lane)
+                                                 const sm90_fwd_params &p, const sm90_seq &q, int lane)
 {
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int row = row0 + 8 * hr;
-        int key_end = p.seqlen_k;
-        if (p.causal) key_end = min(key_end, row + p.causal_offset + 1);
+        int key_end = q.nk;
+        if (p.causal) key_end = min(key_end, row + q.off + 1);
         const int lim = key_end - n0 - 2 * (lane & 3); /* column index bound in this block */
 #pragma unroll
         for (int j = 0; j < BN / 2; j++)
@@ -323,9 +371,48 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
     sm90_wgmma_commit();
 }
 
+/* Zeroes rows [from, BN) of a V tile: in a varlen batch they hold the next sequence's first
+ * values, which P (zero there) would otherwise multiply, and 0 x inf or 0 x NaN would carry
+ * that sequence's non-finite values into this one. Each consumer warpgroup clears half of
+ * the chunks; both wait for each other before either's P V product reads the tile. */
+template <int D, int BN>
+static __device__ __forceinline__ void sm90_zero_v_rows(uint32_t v_tile, int from, int cw, int t)
+{
+    constexpr int PANELS = D / 64, CHUNKS = PANELS * 8; /* 16-byte chunks of one row */
+    for (int c = cw * 128 + t; c < (BN - from) * CHUNKS; c += 256) {
+        const int r = from + c / CHUNKS, pn = (c % CHUNKS) / 8, ch = c % 8;
+        const uint32_t addr = v_tile + pn * (BN * 128) + r * 128 + ch * 16;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+    }
+    sm90_fence_proxy_async(); /* the wgmma reads the tile through the async proxy */
+    sm90_bar_sync(SM90_BAR_VTAIL, 256);
+}
+
+/* Stores rows [0, nrows) of a consumer's 64 O rows from the swizzled Q tile with plain 16-byte
+ * stores (a varlen sequence's last tile, whose rows past the sequence belong to the next). */
+template <int D>
+static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f, uint32_t q_rows, const sm90_seq &sq,
+                                                         int wrow0, int nrows, int h, int t)
+{
+    constexpr int CHUNKS = D / 8;
+    for (int c = t; c < nrows * CHUNKS; c += 128) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        if (ch * 8 >= f.head_dim) continue; /* the padded columns of a smaller head dim */
+        const uint32_t addr = q_rows + (ch >> 3) * (SM90_BM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        uint32_t v0, v1, v2, v3;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                     : "r"(addr));
+        uint16_t *dst = f.o + sq.tb * f.o_sb + (int64_t)(sq.q0 + wrow0 + r) * f.o_ss + h * f.o_sh + ch * 8;
+        *(uint4 *)dst = make_uint4(v0, v1, v2, v3);
+    }
+}
+
 /* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
  * sm90_fwd_params behind uniform run-time branches: the key loop covers the tile's band
- * only, and each block's scores are transformed and band-masked before the softmax. */
+ * only, and each block's scores are transformed and band-masked before the softmax. FEAT = 2
+ * is FEAT = 1 over a variable-length batch (its own instantiation: the per-sequence bounds
+ * live in registers, which the fixed-length kernels read from the parameters instead). */
 template <int D, int BN, int STAGES, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
 fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -393,9 +480,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 int m_block, h, b;
                 sm90_tile(tile, p, m_block, h, b);
+                const sm90_seq sq = sm90_seq_of<FEAT>(p, f, b);
                 const int hk = h / p.group, m0 = m_block * BM;
                 int first_block, n_blocks;
-                sm90_key_blocks<BM, BN, FEAT>(p, f, m0, first_block, n_blocks);
+                sm90_key_blocks<BM, BN, FEAT>(p, f, sq, m0, first_block, n_blocks);
                 /* q_full completes once per tile, also for a tile that sees no key (its
                  * consumers only store zeros): that keeps the consumers from running more
                  * than one q_empty phase ahead of the producer's wait, which parity waits
@@ -414,7 +502,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_mbar_arrive_expect_tx(&k_full[s], L::KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < L::PANELS; pn++)
-                        sm90_tma_load_4d(kt + pn * (BN * 128), &tm_k, &k_full[s], pn * 64, n0, hk, b);
+                        sm90_tma_load_4d(kt + pn * (BN * 128), &tm_k, &k_full[s], pn * 64, sq.k0 + n0, hk, sq.tb);
                     if (i == 0) {
                         /* Q after the first K block, so that K is already on its way while
                          * the consumers store the previous tile's O out of the Q tile. */
@@ -424,13 +512,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         sm90_mbar_arrive_expect_tx(q_full, L::Q_BYTES);
 #pragma unroll
                         for (int pn = 0; pn < L::PANELS; pn++)
-                            sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, m0, h, b);
+                            sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, sq.q0 + m0, h, sq.tb);
                     }
                     sm90_mbar_wait(&v_empty[s], ph ^ 1);
                     sm90_mbar_arrive_expect_tx(&v_full[s], L::KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < L::PANELS; pn++)
-                        sm90_tma_load_4d(vt + pn * (BN * 128), &tm_v, &v_full[s], pn * 64, n0, hk, b);
+                        sm90_tma_load_4d(vt + pn * (BN * 128), &tm_v, &v_full[s], pn * 64, sq.k0 + n0, hk, sq.tb);
                     if (++s == STAGES) s = 0, ph ^= 1;
                 }
                 tile = p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
@@ -456,9 +544,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             if (tile >= p.num_tiles) break;
             int m_block, h, b;
             sm90_tile(tile, p, m_block, h, b);
+            const sm90_seq sq = sm90_seq_of<FEAT>(p, f, b);
             const int m0 = m_block * BM;
             int first_block, n_blocks;
-            sm90_key_blocks<BM, BN, FEAT>(p, f, m0, first_block, n_blocks);
+            sm90_key_blocks<BM, BN, FEAT>(p, f, sq, m0, first_block, n_blocks);
             const int wrow0 = m0 + cw * 64;    /* first query row of this warpgroup */
             const int row0 = wrow0 + (warp & 3) * 16 + (lane >> 2); /* this thread's rows: +0, +8 */
 
@@ -478,21 +567,21 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 int band_lo_last = 0, band_hi_first = 0, alibi_d0 = 0;
                 float slope2 = 0.f;
                 if (FEAT) {
-                    band_lo_last = sm90_key_lo(p, f, wrow0 + 63);
-                    band_hi_first = sm90_key_hi(p, f, wrow0);
-                    alibi_d0 = row0 + f.off - 2 * (lane & 3);
+                    band_lo_last = sm90_key_lo(sq, f, wrow0 + 63);
+                    band_hi_first = sm90_key_hi(sq, f, wrow0);
+                    alibi_d0 = row0 + sq.off - 2 * (lane & 3);
                     if (f.alibi_on) slope2 = f.alibi[b * f.alibi_sb + h] * 1.4426950408889634f;
                 }
 #define SM90_NEED_MASK(n0_)                                                                     \
         (FEAT ? ((n0_) < band_lo_last || (n0_) + BN > band_hi_first)                            \
-              : ((n0_) + BN > p.seqlen_k || (p.causal && (n0_) + BN - 1 > wrow0 + p.causal_offset)))
+              : ((n0_) + BN > sq.nk || (p.causal && (n0_) + BN - 1 > wrow0 + sq.off)))
 #define SM90_SCORES(n0_)                                                                        \
         do {                                                                                    \
             if (FEAT) {                                                                         \
                 if (f.transform) sm90_transform<BN>(s, f, slope2, alibi_d0 - (n0_));            \
-                if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, p, f, lane);          \
+                if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, sq, f, lane);         \
             } else if (SM90_NEED_MASK(n0_)) {                                                   \
-                sm90_mask<BN>(s, n0_, row0, p, lane);                                           \
+                sm90_mask<BN>(s, n0_, row0, p, sq, lane);                                       \
             }                                                                                   \
         } while (0)
 
@@ -506,6 +595,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
                 /* Block 0: S only. */
                 int n0 = (first_block + n_blocks - 1) * BN;
+                /* varlen: the rows of block 0's V tile from vtail on are the next sequence's */
+                const int vtail = FEAT == 2 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
+                                      ? sq.nk - n0 : BN;
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
@@ -538,6 +630,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     n0 -= BN;
                     sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
                     sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
+                    if (FEAT == 2 && i == 1 && vtail < BN)
+                        sm90_zero_v_rows<D, BN>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                     sm90_bar_sync(my_bar, 256);
                     sm90_wgmma_fence();
                     sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
@@ -563,6 +657,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
                 sm90_pack_p<BN, BF16>(pf, s);
                 sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
+                if (FEAT == 2 && n_blocks == 1 && vtail < BN)
+                    sm90_zero_v_rows<D, BN>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
                 sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
@@ -580,6 +676,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }
 
             /* ---------------- epilogue ---------------- */
+            /* the tile's rows again, read anew rather than kept live through the key loop (at
+             * d256 the registers are short) */
+            const sm90_seq so = sm90_seq_of<FEAT>(p, f, b);
             float inv[2], lse_v[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
@@ -603,22 +702,26 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }
             sm90_fence_proxy_async();
             sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
-            if (t == 0 && wrow0 < p.seqlen_q) {
+            /* TMA clips rows only at the tensor's end: a varlen sequence's last rows go by hand */
+            const bool by_hand = FEAT == 2 && wrow0 < so.nq && wrow0 + 64 > so.nq;
+            const bool by_tma = wrow0 < so.nq && !by_hand;
+            if (t == 0 && by_tma) {
 #pragma unroll
                 for (int pn = 0; pn < L::PANELS; pn++)
-                    sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, wrow0, h, b);
+                    sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, so.q0 + wrow0, h, so.tb);
                 sm90_bulk_commit();
             }
+            if (FEAT == 2 && by_hand) sm90_store_o_rows<D>(f, q_rows, so, wrow0, so.nq - wrow0, h, t);
             if ((lane & 3) == 0) {
-                float *lse = p.lse + b * p.lse_sb + h * p.lse_sh;
+                float *lse = p.lse + so.tb * p.lse_sb + h * p.lse_sh;
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
-                    if (row0 + 8 * hr < p.seqlen_q) lse[(int64_t)(row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
+                    if (row0 + 8 * hr < so.nq) lse[(int64_t)(so.q0 + row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
             }
             /* The Q tile may be refilled (the next tile's Q) once the copy engine has read this
              * warpgroup's O out of it. The other threads' shared stores are ordered before the
              * store by the named barrier above. */
-            if (t == 0 && wrow0 < p.seqlen_q) sm90_bulk_wait_read();
+            if (t == 0 && by_tma) sm90_bulk_wait_read();
             sm90_mbar_arrive(q_empty);
         }
     }
@@ -679,6 +782,17 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
     if (a->seqlen_q < 0 || a->seqlen_k < 0 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000)
         return 0;
+    if (a->cu_seqlens_q || a->cu_seqlens_k) {
+        /* varlen up to d128: at d256 the per-sequence bounds would spill (mma.sync serves it) */
+        if (fc_sm90_kernel_head_dim(a->head_dim) > 128) return 0;
+        if (!a->cu_seqlens_q || !a->cu_seqlens_k || a->batch != 1 || a->num_seqs < 1 ||
+            a->max_seqlen_q < 1 || a->max_seqlen_k < 0 || (uintptr_t)a->cu_seqlens_q % 4 != 0 ||
+            (uintptr_t)a->cu_seqlens_k % 4 != 0)
+            return 0;
+        /* the tile count must fit an int */
+        const int64_t tiles = (int64_t)(a->max_seqlen_q + SM90_BM - 1) / SM90_BM * a->heads_q * a->num_seqs;
+        if (tiles > 0x7fff0000) return 0;
+    }
     const void *ptrs[4] = {a->q, a->k, a->v, a->o};
     for (int i = 0; i < 4; i++)
         if ((uintptr_t)ptrs[i] % 16 != 0) return 0; /* TMA needs 16-byte aligned tensors */
@@ -705,6 +819,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
+    if (p->num_tiles == 0) return cudaSuccess;
     /* Persistent: one CTA per SM (each takes a whole SM's shared memory) walks the tiles.
      * FLASHC_SM90_CTAS overrides the count for tests and comparisons: 0 launches one CTA per
      * tile, n > 0 at most n CTAs (so that each walks many tiles). */
@@ -725,8 +840,8 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
      * tiles are walked in fixed strides. FLASHC_SM90_SCHED=static forces strides. */
     sm90_fwd_params kp = *p;
     const char *sched_env = getenv("FLASHC_SM90_SCHED");
-    /* A band (causal or a window) makes tiles unequal too. */
-    const int dynamic = (p->causal || f->has_left || f->has_right) && ctas < p->num_tiles &&
+    /* A band (causal or a window) makes tiles unequal too, and so do varlen sequences. */
+    const int dynamic = (p->causal || f->has_left || f->has_right || f->varlen) && ctas < p->num_tiles &&
                         !(sched_env && strcmp(sched_env, "static") == 0);
     if (dynamic) {
         err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
@@ -756,21 +871,26 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     p.seqlen_k = a->seqlen_k;
     p.group = a->heads_q / a->heads_kv;
     p.heads_q = a->heads_q;
-    p.m_blocks = (a->seqlen_q + SM90_BM - 1) / SM90_BM;
-    p.num_tiles = p.m_blocks * a->heads_q * a->batch;
+    /* the tiles' batch: the sequences of a varlen batch, each given max_seqlen_q rows */
+    const int varlen = a->cu_seqlens_q != NULL;
+    const int seqs = varlen ? a->num_seqs : a->batch;
+    const int rows = varlen ? a->max_seqlen_q : a->seqlen_q;
+    const int keys = varlen ? (a->max_seqlen_k > 0 ? a->max_seqlen_k : a->seqlen_k / seqs) : a->seqlen_k;
+    p.m_blocks = (rows + SM90_BM - 1) / SM90_BM;
+    p.num_tiles = p.m_blocks * a->heads_q * seqs;
     /* Causal sections: as many (batch, head) pairs as keep their K/V within about half of
      * the L2 (K/V of a KV head serve its whole group of query heads). */
-    const double kv_bytes = 4.0 * a->seqlen_k * a->head_dim / p.group;
+    const double kv_bytes = 4.0 * (keys > 0 ? keys : 1) * a->head_dim / p.group;
     const double l2_budget = 25e6;
     p.section_bh = kv_bytes > l2_budget ? 1 : (int)(l2_budget / kv_bytes);
-    if (p.section_bh > a->heads_q * a->batch) p.section_bh = a->heads_q * a->batch;
+    if (p.section_bh > a->heads_q * seqs) p.section_bh = a->heads_q * seqs;
     p.causal = a->causal != 0;
     p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.scale_log2 = a->scale * 1.4426950408889634f;
     /* The features: a window, a softcap or ALiBi selects the feature kernel; causal alone
      * stays on the plain one. */
     const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
-    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL;
+    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL || varlen;
     sm90_fwd_feat f;
     memset(&f, 0, sizeof f);
     if (feat) {
@@ -793,9 +913,20 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
         f.alibi = a->alibi_slopes;
         f.alibi_sb = a->alibi_batch_stride;
         if (f.transform) p.scale_log2 = 1.f; /* the scores are in the log2 domain already */
+        f.varlen = varlen;
+        f.top_left = a->causal == 2;
+        f.cu_q = a->cu_seqlens_q;
+        f.cu_k = a->cu_seqlens_k;
+        f.o = (uint16_t *)a->o;
+        f.o_sb = a->o_sb, f.o_ss = a->o_ss, f.o_sh = a->o_sh;
+        f.head_dim = a->head_dim;
     }
 #define X(D_, BN_, ST_)                                                                   \
     if (fc_sm90_kernel_head_dim(a->head_dim) == D_) {                                     \
+        if (varlen && D_ > 128) return cudaErrorInvalidValue; /* not supported */         \
+        if (varlen)                                                                       \
+            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, (D_ <= 128 ? 2 : 1)>(a, &p, &f, stream) \
+                           : sm90_launch<D_, BN_, ST_, 0, (D_ <= 128 ? 2 : 1)>(a, &p, &f, stream); \
         if (feat)                                                                         \
             return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 1>(a, &p, &f, stream)               \
                            : sm90_launch<D_, BN_, ST_, 0, 1>(a, &p, &f, stream);              \

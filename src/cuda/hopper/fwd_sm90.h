@@ -39,6 +39,12 @@ typedef struct fc_sm90_fwd_args {
     const float *alibi_slopes;     /* device floats, NULL = off: slope of (b, h) at
                                       alibi_slopes[b * alibi_batch_stride + h] */
     int64_t alibi_batch_stride;    /* 0: one [heads_q] set for every batch */
+    /* Variable-length batches (flashc.h): NULL = fixed lengths. Otherwise batch is 1, the
+     * seqlens are the packed totals, and sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+     * of q / o / lse against [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k / v (device int32,
+     * num_seqs + 1 each); max_seqlen_q bounds the sequences' query lengths (the tiles). */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int num_seqs, max_seqlen_q, max_seqlen_k;
 } fc_sm90_fwd_args;
 
 /* 1 when fc_sm90_forward serves this call on a device of compute capability
