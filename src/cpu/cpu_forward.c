@@ -11,9 +11,11 @@
  * keys BLOCK_N at a time: S = (scale Q) K^T; the online softmax keeps a running row max m and
  * sum l, rescales the accumulator O only for rows whose max grew, and turns S into P (0 where
  * the causal mask hides a key); O += P V. At the end O /= l and LSE = m + log(l). Key blocks
- * past a query block's last visible key are never visited. Tasks are numbered longest first,
- * so under a causal mask the blocks with the most keys start first and the pool's dynamic
- * scheduling balances the rest.
+ * past a query block's last visible key are never visited. Tasks are numbered head by head
+ * (the blocks of one head share its packed K/V while it is in cache) and, within a head,
+ * longest first, so under a causal mask the pool's dynamic scheduling is left with short
+ * blocks to balance the threads at the end. On the bf16 path the softmax also rounds P
+ * (softmax16), where no dropout or non-finite V needs the float P afterwards.
  */
 #include <math.h>
 #include <stdlib.h>

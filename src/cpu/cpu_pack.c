@@ -55,9 +55,6 @@ void flashc_cpu_pack_rows16(uint16_t *dst, int dp, const flashc_tensor *t, int64
 }
 
 /* The two dims of a pair are adjacent in the source row and in the panel, so the panel is a
- * transpose of 32-bit pairs: each row's pairs go to one column of the panel, a store per pair
- * instead of one per element into a panel cleared beforehand. */
-/* The two dims of a pair are adjacent in the source row and in the panel, so the panel is a
  * transpose of 32-bit pairs: one store per pair, into a panel not cleared beforehand. */
 void flashc_cpu_pack_panel16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b,
                              int64_t s0, int n, int64_t h)

@@ -295,11 +295,14 @@ static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, f
             const __m512 vnegmax = _mm512_set1_ps(-new_max), vsc = _mm512_set1_ps(sc);
             const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
             __m512 vsum = _mm512_setzero_ps();
+            const int full = nc == FLASHC_CPU_BLOCK_N; /* no lane masks to apply */
             for (; c0 < n; c0 += 16) {
                 /* x - max first, as the float softmax does: the product by log2 e after it
                  * stays finite wherever x - max is */
                 __m512 x = _mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax);
-                x = VSELECT_LT(c0, nc, _mm512_mul_ps(x, vl2e), neg_inf);
+                x = _mm512_mul_ps(x, vl2e);
+                if (!full)
+                    x = VSELECT_LT(c0, nc, x, neg_inf);
                 __m512 e = avx512_vexp2_p16(x);
                 _mm512_store_ps(srow + c0, e);
                 _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
