@@ -200,7 +200,10 @@ typedef struct flashc_params {
                                     fixed length; set both or neither */
     const int32_t *cu_seqlens_k; /* varlen: num_seqs + 1 prefix sums of key lengths */
     int32_t max_seqlen_q;        /* varlen: longest query sequence, or 0 to let flashc find it;
-                                    a value below the longest is an error */
+                                    a value below the longest is an error. Device backends
+                                    cannot read the offsets: there 0 means the packed total
+                                    (slower: most tiles are empty), and a value below the
+                                    longest leaves that sequence's later rows unwritten */
     int32_t max_seqlen_k;        /* varlen: longest key sequence, or 0 */
     float dropout_p;             /* dropout probability on P, in [0, 1); 0 = off */
     uint64_t dropout_seed;       /* the Philox key (flashc_dropout_keep) */
