@@ -111,6 +111,12 @@ class FlashcCall:
         fc.lib.flashc_params_init_sized(ctypes.byref(self.p), ctypes.sizeof(Params))
         self.p.causal = 1 if causal else 0
         self.p.deterministic = deterministic
+        self.bind(q, k, v, do)
+
+    def bind(self, q, k, v, do):
+        """The descriptors, the backward workspace (sized for self.p as set) and the call
+        arguments, on the current stream."""
+        fc = self.fc
         self.p.stream = torch.cuda.current_stream().cuda_stream
         self.t = [desc(x) for x in (q, k, v, self.o, do, self.dq, self.dk, self.dv)]
         self.tl = desc(self.lse, F32)

@@ -257,19 +257,7 @@ if bench_gpu is not None:
             # the CUDA backend cannot read device offsets to find the longest sequence: 0 here
             # would size its grid by the whole packed length
             self.p.max_seqlen_q = self.p.max_seqlen_k = max(lengths)
-            self.p.stream = torch.cuda.current_stream().cuda_stream
-            self.t = [bench_gpu.desc(x) for x in (q, k, v, self.o, do, self.dq, self.dk, self.dv)]
-            self.tl = bench_gpu.desc(self.lse, bench_gpu.F32)
-            size = ctypes.c_size_t()
-            fc.check(fc.lib.flashc_backward_workspace_size(fc.be, ctypes.byref(self.p), ctypes.byref(self.t[0]),
-                                                           ctypes.byref(self.t[1]), ctypes.byref(size)))
-            self.ws = torch.empty(max(size.value, 16), dtype=torch.uint8, device=q.device)
-            self.p.workspace = self.ws.data_ptr()
-            self.p.workspace_size = size.value
-            r = ctypes.byref
-            tq, tk, tv, to, tdo, tdq, tdk, tdv = (r(x) for x in self.t)
-            self.fwd_args = (fc.be, r(self.p), tq, tk, tv, to, r(self.tl))
-            self.bwd_args = (fc.be, r(self.p), tdo, tq, tk, tv, to, r(self.tl), tdq, tdk, tdv)
+            self.bind(q, k, v, do)
 
 
 def tol_for(dtype):
