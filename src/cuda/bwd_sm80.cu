@@ -46,7 +46,7 @@
  * behind run-time branches. blockIdx.z is then a sequence (of a varlen batch or not), blocks
  * past its length leave at once, the loops run over the band of the causal / window mask
  * only, and the workspace rows of a varlen problem are laid out per head over the packed
- * sequences (fc_ws_seq_start). With softcap, dS gets the tanh derivative 1 - t^2; with
+ * sequences (fc_varlen_ws_start). With softcap, dS gets the tanh derivative 1 - t^2; with
  * dropout, dV takes P D and dS = P (D dP - delta), D the regenerated keep mask times
  * 1 / (1 - p). The feature backward always runs the 16-keys-per-warp dK/dV kernel. */
 
@@ -66,7 +66,7 @@ static __device__ __forceinline__ int fc_seq_of_token(const fc_feat &f, int tok)
 /* First workspace row of (sequence b, query head h) for the feature kernels. */
 static __device__ __forceinline__ int64_t fc_ws_row(const fc_bwd_args &a, int b, int h)
 {
-    return a.f.varlen ? (int64_t)h * a.nq_pad + fc_ws_seq_start(fc_seq_of(a, b), b)
+    return a.f.varlen ? (int64_t)h * a.nq_pad + fc_varlen_ws_start(fc_seq_of(a, b).q0, b)
                       : (int64_t)(b * a.heads_q + h) * a.nq_pad;
 }
 
@@ -77,7 +77,7 @@ static __device__ __forceinline__ int64_t fc_token_ws_row(const fc_bwd_args &a, 
     const int sb = fc_seq_of_token(a.f, i);
     const fc_seq s = fc_seq_of(a, sb);
     if (i < s.q0 || i >= s.q0 + s.nq) return -1;
-    return (int64_t)h * a.nq_pad + fc_ws_seq_start(s, sb) + (i - s.q0);
+    return (int64_t)h * a.nq_pad + fc_varlen_ws_start(s.q0, sb) + (i - s.q0);
 }
 
 /* FC_DQ_BULK: the dQ tile of the tiled kernel through shared memory and the copy engine's

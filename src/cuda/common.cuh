@@ -76,7 +76,7 @@ typedef struct fc_bwd_args {
     int compute_dq;  /* the dK/dV kernel also adds dS K into dq_accum with atomics */
     int dq_bulk;     /* (sm_90) ... through shared memory and bulk reductions instead */
     fc_feat f;       /* varlen: the workspace rows of (sequence b, head h) start at
-                        h * nq_pad + fc_ws_seq_start(b), see features.cuh */
+                        h * nq_pad + fc_varlen_ws_start(q0, b), see varlen.cuh */
 } fc_bwd_args;
 
 #define FC_NQ_PAD_MULTIPLE 128

@@ -11,6 +11,7 @@
 #define FLASHC_CUDA_FEATURES_CUH
 
 #include "common.cuh"
+#include "varlen.cuh"
 
 /* The generator in device code: the same source as the host backends, so the same bits. */
 #define FLASHC_PHILOX_QUALIFIER static __host__ __device__ __forceinline__
@@ -23,24 +24,13 @@ typedef struct fc_seq {
     int q0, nq, k0, nk, off;
 } fc_seq;
 
-FC_DEVICE int fc_clamp_rows(int x, int lo, int hi)
-{
-    return x < lo ? lo : (x > hi ? hi : x);
-}
-
 template <typename A>
 FC_DEVICE fc_seq fc_seq_of(const A &a, int b)
 {
     fc_seq s;
     if (a.f.varlen) {
-        /* The offsets live on the device, unchecked: clamped into the packed tensors and
-         * made non-decreasing here, so that offsets that break their rules give wrong rows,
-         * never an access outside q, k, v, out, lse or the workspace. */
         s.batch = 0;
-        s.q0 = fc_clamp_rows(a.f.cu_q[b], 0, a.seqlen_q);
-        s.nq = fc_clamp_rows(a.f.cu_q[b + 1], s.q0, a.seqlen_q) - s.q0;
-        s.k0 = fc_clamp_rows(a.f.cu_k[b], 0, a.seqlen_k);
-        s.nk = fc_clamp_rows(a.f.cu_k[b + 1], s.k0, a.seqlen_k) - s.k0;
+        fc_varlen_rows(a.f.cu_q, a.f.cu_k, b, a.seqlen_q, a.seqlen_k, &s.q0, &s.nq, &s.k0, &s.nk);
     } else {
         s.batch = b;
         s.q0 = s.k0 = 0;
@@ -157,15 +147,6 @@ FC_DEVICE float fc_softcap2(const fc_feat &f, float raw, float *t)
     const float th = tanhf(raw * f.softcap_pre);
     *t = th;
     return f.softcap_log2 * th;
-}
-
-/* Workspace row of (sequence b, head h; s = fc_seq_of(b)) in a varlen backward: each sequence starts on a
- * multiple of 128 at least 128 rows past the previous start plus its length, so that the
- * padded query blocks of one sequence never reach the next and 16-byte loads stay aligned;
- * nq_pad (rows per head) is then total_q + 128 * num_seqs rounded up to 128. */
-FC_DEVICE int64_t fc_ws_seq_start(const fc_seq &s, int b)
-{
-    return (int64_t)(s.q0 + 128 * (int64_t)b) / 128 * 128;
 }
 
 #endif /* FLASHC_CUDA_FEATURES_CUH */

@@ -13,6 +13,7 @@
 #include "common.cuh"
 #include "decode.h"
 #include "runtime.h"
+#include "varlen.cuh"
 #ifdef FLASHC_HAVE_SM90
 #include "hopper/bwd_sm90.h"
 #include "hopper/fwd_sm90.h"
@@ -178,12 +179,11 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 
 #ifdef FLASHC_HAVE_SM90
 /* The features the Hopper kernels compute themselves (their feature instantiations): window,
- * softcap and ALiBi both ways, varlen in the forward; dropout calls (and varlen backwards) go
- * to mma.sync. */
-static int sm90_serves_features(const flashc_problem *pr, int backward)
+ * softcap, ALiBi and varlen batches, both ways; dropout calls go to mma.sync. */
+static int sm90_serves_features(const flashc_problem *pr)
 {
     const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
-                            (backward ? 0u : (uint32_t)FLASHC_FEATURE_VARLEN);
+                            FLASHC_FEATURE_VARLEN;
     return (pr->features & ~served) == 0;
 }
 
@@ -199,6 +199,18 @@ static int sm90_serves_features(const flashc_problem *pr, int backward)
         (a).alibi_batch_stride = (pr)->alibi_batch_stride;                                   \
     } while (0)
 
+/* The varlen batch of pr in a Hopper argument struct (fields named alike in both). */
+#define FC_SM90_VARLEN(a, pr)                                                                \
+    do {                                                                                     \
+        if ((pr)->features & FLASHC_FEATURE_VARLEN) {                                        \
+            (a).cu_seqlens_q = (pr)->cu_seqlens_q;                                           \
+            (a).cu_seqlens_k = (pr)->cu_seqlens_k;                                           \
+            (a).num_seqs = (int)(pr)->num_seqs;                                              \
+            (a).max_seqlen_q = (int)(pr)->max_seqlen_q;                                      \
+            (a).max_seqlen_k = (int)(pr)->max_seqlen_k;                                      \
+        }                                                                                    \
+    } while (0)
+
 /* Runs the forward on the Hopper kernel when it serves the call (plain attention or window,
  * softcap, ALiBi; a head dim it covers, TMA-compatible views): returns 1 with *err set, or 0
  * to use mma.sync. */
@@ -206,7 +218,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
                             flashc_tensor *lse, cudaError_t *err)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr, 0)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_fwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
@@ -221,13 +233,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
     h.scale = pr->scale;
     h.causal = pr->causal;
     FC_SM90_FEATURES(h, pr);
-    if (pr->features & FLASHC_FEATURE_VARLEN) {
-        h.cu_seqlens_q = pr->cu_seqlens_q;
-        h.cu_seqlens_k = pr->cu_seqlens_k;
-        h.num_seqs = (int)pr->num_seqs;
-        h.max_seqlen_q = (int)pr->max_seqlen_q;
-        h.max_seqlen_k = (int)pr->max_seqlen_k;
-    }
+    FC_SM90_VARLEN(h, pr);
     if (!fc_sm90_forward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     *err = fc_sm90_forward(&h, (cudaStream_t)pr->stream);
     return 1;
@@ -303,8 +309,8 @@ static bwd_layout workspace_layout(const flashc_problem *pr)
     const int kd = fc_kernel_head_dim((int)pr->head_dim);
     l.nq_pad = (pr->seqlen_q + FC_NQ_PAD_MULTIPLE - 1) / FC_NQ_PAD_MULTIPLE * FC_NQ_PAD_MULTIPLE;
     if (pr->features & FLASHC_FEATURE_VARLEN) /* per head: the packed sequences, each padded
-                                                 (features.cuh, fc_ws_seq_start) */
-        l.nq_pad = (pr->seqlen_q + 128 * pr->num_seqs + 127) / 128 * 128;
+                                                 (varlen.cuh) */
+        l.nq_pad = FC_VARLEN_WS_ROWS(pr->seqlen_q, pr->num_seqs);
     const size_t rows = (size_t)pr->batch * (size_t)pr->heads_q * (size_t)l.nq_pad;
     l.lse2_off = 0;
     l.delta_off = align_up(rows * sizeof(float), 256);
@@ -323,7 +329,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
                              const flashc_tensor *out, const flashc_tensor *lse, flashc_tensor *dq,
                              flashc_tensor *dk, flashc_tensor *dv, flashc_status *st)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr, 1)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_bwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
@@ -344,6 +350,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     h.causal = pr->causal;
     h.deterministic = pr->deterministic != 0;
     FC_SM90_FEATURES(h, pr);
+    FC_SM90_VARLEN(h, pr);
     if (!fc_sm90_backward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     const size_t need = fc_sm90_backward_workspace_size(&h);
     cudaStream_t stream = (cudaStream_t)pr->stream;
@@ -383,10 +390,11 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     size_t total = workspace_layout(pr).total;
 #ifdef FLASHC_HAVE_SM90
     /* Enough for either path: which one runs depends on the views, known only at the call. */
-    if (s && s->use_wgmma && sm90_serves_features(pr, 1)) {
+    if (s && s->use_wgmma && sm90_serves_features(pr)) {
         fc_sm90_bwd_args h;
         memset(&h, 0, sizeof h);
         FC_SM90_SIZES(h, pr);
+        FC_SM90_VARLEN(h, pr);
         h.deterministic = pr->deterministic != 0;
         if (fc_sm90_backward_smem_bytes(h.head_dim) != 0) {
             const size_t need = fc_sm90_backward_workspace_size(&h);

@@ -57,6 +57,7 @@
 #include "bwd_sm90.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
+#include "../varlen.cuh"
 
 #define SM90B_BN 128      /* keys per CTA: 64 per consumer warpgroup */
 #define SM90B_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
@@ -65,9 +66,12 @@
 #define SM90B_CONSUMER_REGS 240
 
 /* Named barriers: 0 is __syncthreads; 1 gathers both consumers once dS is in shared memory;
- * 2 and 3 order one consumer's threads around a deterministic-mode semaphore. */
+ * 2 and 3 order one consumer's threads around a deterministic-mode semaphore; 4 joins both
+ * consumers once they have cleared the rows of a varlen block that belong to the next
+ * sequence. */
 #define SM90B_BAR_DS 1
 #define SM90B_BAR_SEM0 2
+#define SM90B_BAR_TAIL 4
 
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
@@ -92,7 +96,41 @@ typedef struct sm90_bwd_params {
     float softcap_log2; /* softcap * log2(e) */
     const float *alibi;
     int64_t alibi_sb;
+    /* Variable-length batches (FEAT = 2): CTA batch b is sequence b (sm90b_seq_of); the
+     * workspace holds sqr rows per head, sequence b's from fc_varlen_ws_start on. */
+    int top_left, max_q;
+    const int32_t *cu_q, *cu_k;
 } sm90_bwd_params;
+
+/* The sequence of a CTA: query rows q0 .. q0 + nq of the tensors' batch tb against keys
+ * k0 .. k0 + nk, query i on the diagonal of key i + off; its rows of head h in the workspace
+ * start at ws0 + h * sqr. A varlen sequence longer than max_seqlen_q has only its first
+ * max_seqlen_q rows computed (nq is cut there; off keeps the real lengths). */
+typedef struct sm90b_seq {
+    int q0, nq, k0, nk, off, tb;
+    int64_t ws0;
+} sm90b_seq;
+
+template <int FEAT, typename P>
+static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int heads_q, int sqr)
+{
+    sm90b_seq s;
+    if (FEAT == 2) {
+        fc_varlen_rows(p.cu_q, p.cu_k, b, p.seqlen_q, p.seqlen_k, &s.q0, &s.nq, &s.k0, &s.nk);
+        s.off = p.top_left ? 0 : s.nk - s.nq;
+        if (s.nq > p.max_q) s.nq = p.max_q;
+        s.tb = 0;
+        s.ws0 = fc_varlen_ws_start(s.q0, b);
+    } else {
+        s.q0 = s.k0 = 0;
+        s.nq = p.seqlen_q;
+        s.nk = p.seqlen_k;
+        s.off = 0; /* read from the kernel's own parameters where it matters */
+        s.tb = b;
+        s.ws0 = (int64_t)b * heads_q * sqr;
+    }
+    return s;
+}
 
 /* Shared memory, every tile 1024-byte aligned: K, V, the Q ring, the dO ring, two dS buffers
  * (the next block's dS is written while the other consumer may still read this one), the
@@ -112,7 +150,8 @@ struct sm90_bwd_layout {
     static constexpr uint32_t VEC_OFF = DS_OFF + 2 * DS_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
     static constexpr uint32_t BARS = 1 + 2 * STAGES;
-    static constexpr uint32_t TOTAL = BAR_OFF + BARS * 8 + 1024; /* + alignment slack */
+    static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
+    static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
 };
 
 /* ---- 1. pre-pass ----------------------------------------------------------------------------- */
@@ -123,7 +162,9 @@ typedef struct sm90_bwd_pre_params {
     int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, lse_sb, lse_sh, lse_ss;
     float *lse2, *delta, *dq_acc;
     int *sem; /* NULL unless deterministic */
-    int seqlen_q, sqr, heads_q, bm, m_blocks;
+    int seqlen_q, seqlen_k, sqr, heads_q, bm, m_blocks;
+    int top_left, max_q; /* varlen (FEAT = 2), as sm90_bwd_params */
+    const int32_t *cu_q, *cu_k;
 } sm90_bwd_pre_params;
 
 template <int BF16>
@@ -138,20 +179,23 @@ static __device__ __forceinline__ float sm90b_hi(uint32_t w)
     return BF16 ? __uint_as_float(w & 0xffff0000u) : __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
-/* One warp per row: the head dim in pairs across the lanes, a butterfly sum. */
-template <int D, int BF16>
+/* One warp per row: the head dim in pairs across the lanes, a butterfly sum. Row i of the
+ * (padded) query blocks of batch b (varlen: sequence b), head h. */
+template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_sm90_bwd_pre(const sm90_bwd_pre_params p)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
-    if (i >= p.sqr) return;
-    const int64_t bh = (int64_t)b * p.heads_q + h;
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    if (i >= (FEAT == 2 ? (sq.nq + p.bm - 1) / p.bm * p.bm : p.sqr)) return;
+    const int64_t row = sq.ws0 + (int64_t)h * p.sqr + i; /* in the workspace */
     float sum = 0.f;
     float l2 = INFINITY;
-    if (i < p.seqlen_q) {
-        const uint32_t *orow = (const uint32_t *)((const uint16_t *)p.o + b * p.o_sb + i * p.o_ss + h * p.o_sh);
+    if (i < sq.nq) {
+        const int64_t tok = sq.q0 + i;
+        const uint32_t *orow = (const uint32_t *)((const uint16_t *)p.o + sq.tb * p.o_sb + tok * p.o_ss + h * p.o_sh);
         const uint32_t *drow =
-            (const uint32_t *)((const uint16_t *)p.dout + b * p.do_sb + i * p.do_ss + h * p.do_sh);
+            (const uint32_t *)((const uint16_t *)p.dout + sq.tb * p.do_sb + tok * p.do_ss + h * p.do_sh);
 #pragma unroll
         for (int x = lane; x < D / 2; x += 32) {
             const uint32_t ow = orow[x], dw = drow[x];
@@ -159,16 +203,17 @@ __global__ void __launch_bounds__(256) fc_sm90_bwd_pre(const sm90_bwd_pre_params
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        const float lse = p.lse[b * p.lse_sb + h * p.lse_sh + i * p.lse_ss];
+        const float lse = p.lse[sq.tb * p.lse_sb + h * p.lse_sh + tok * p.lse_ss];
         l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
     if (lane == 0) {
-        p.delta[bh * p.sqr + i] = sum;
-        p.lse2[bh * p.sqr + i] = l2;
+        p.delta[row] = sum;
+        p.lse2[row] = l2;
     }
-    float4 *acc = (float4 *)(p.dq_acc + (bh * p.sqr + i) * D);
+    float4 *acc = (float4 *)(p.dq_acc + row * D);
     for (int x = lane; x < D / 4; x += 32) acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.sem && i % p.bm == 0 && lane < 2) p.sem[(bh * p.m_blocks + i / p.bm) * 2 + lane] = 0;
+    /* one semaphore pair per query block: its first row is a multiple of bm */
+    if (p.sem && i % p.bm == 0 && lane < 2) p.sem[row / p.bm * 2 + lane] = 0;
 }
 
 /* ---- 2. main kernel -------------------------------------------------------------------------- */
@@ -210,7 +255,11 @@ static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off,
 /* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
  * sm90_bwd_params behind uniform run-time branches: the CTA walks only the query blocks in
  * its key block's band, and the scores get the forward's transform and band mask; dS gets
- * the softcap's derivative 1 - tanh^2. */
+ * the softcap's derivative 1 - tanh^2. FEAT = 2 is FEAT = 1 over a variable-length batch
+ * (CTA batch b is sequence b). Its blocks may reach into the next sequence's rows: the K, V
+ * rows past the sequence's keys and the Q, dO rows past its queries are zeroed in shared
+ * memory before use (so that a zero P or dS never meets the neighbour's inf or NaN), and the
+ * padded workspace rows past its queries have lse2 = +inf, so P is 0 there. */
 template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90B_THREADS, 1)
 fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -233,6 +282,27 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int n0 = nb * BN;
+    {
+        const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+        if (FEAT == 2 && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
+        if (FEAT == 2 && tid == 0) {
+            int *seq = (int *)(smem + L::SEQ_OFF);
+            seq[0] = sq.off, seq[1] = sq.nq, seq[2] = sq.nk, seq[3] = (int)sq.ws0, seq[4] = sq.q0, seq[5] = sq.k0;
+        }
+    }
+    /* The CTA's sequence (varlen: from shared memory, reloaded past every barrier, which
+     * keeps it out of the consumers' registers across the loop; fixed lengths: the
+     * parameters): the band's diagonal offset (off), the lengths, the first rows, and the
+     * workspace row of (query head qh, block row m0). */
+    const int *seq_s = (const int *)(smem + L::SEQ_OFF);
+#define SM90B_OFF (FEAT == 2 ? seq_s[0] : p.off)
+#define SM90B_LEN_Q (FEAT == 2 ? seq_s[1] : p.seqlen_q)
+#define SM90B_LEN_K (FEAT == 2 ? seq_s[2] : p.seqlen_k)
+#define SM90B_Q0 (FEAT == 2 ? seq_s[4] : 0)
+#define SM90B_K0 (FEAT == 2 ? seq_s[5] : 0)
+#define SM90B_TB (FEAT == 2 ? 0 : b)
+#define SM90B_WS_ROW(qh_, m0_)                                                                 \
+    (FEAT == 2 ? (int64_t)seq_s[3] + (int64_t)(qh_) * p.sqr + (m0_) : ((int64_t)b * p.heads_q + (qh_)) * p.sqr + (m0_))
 
     /* Query blocks [m_min, m_blocks) see a key of this block: with causal masking, query i
      * sees key j when j <= i + offset, so the first row that sees key n0 is n0 - offset.
@@ -241,10 +311,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     if (FEAT) {
         /* the band read the other way: query i sees key j when
          * j - off - right <= i <= j - off + left, for the block's first and last key */
-        const long long j_last = min(n0 + BN, p.seqlen_k) - 1;
-        long long q_lo = 0, q_hi = p.seqlen_q;
-        if (p.has_right) q_lo = max(q_lo, (long long)n0 - p.off - p.right);
-        if (p.has_left) q_hi = min(q_hi, j_last - p.off + p.left + 1);
+        const long long j_last = min(n0 + BN, SM90B_LEN_K) - 1;
+        long long q_lo = 0, q_hi = SM90B_LEN_Q;
+        if (p.has_right) q_lo = max(q_lo, (long long)n0 - SM90B_OFF - p.right);
+        if (p.has_left) q_hi = min(q_hi, j_last - SM90B_OFF + p.left + 1);
         if (q_lo >= q_hi) nm = 0;
         else {
             m_min = (int)(q_lo / BM);
@@ -283,14 +353,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_arrive_expect_tx(kv_full, 2 * L::KV_BYTES);
 #pragma unroll
             for (int pn = 0; pn < PANELS; pn++) {
-                sm90_tma_load_4d(sbase + L::K_OFF + pn * (BN * 128), &tm_k, kv_full, pn * 64, n0, hk, b);
-                sm90_tma_load_4d(sbase + L::V_OFF + pn * (BN * 128), &tm_v, kv_full, pn * 64, n0, hk, b);
+                sm90_tma_load_4d(sbase + L::K_OFF + pn * (BN * 128), &tm_k, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);
+                sm90_tma_load_4d(sbase + L::V_OFF + pn * (BN * 128), &tm_v, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);
             }
             int s = 0;
             uint32_t ph = 0;
             for (int it = 0; it < n_iter; it++) {
                 const int qh = hk * p.group + it / nm, m0 = (m_min + it % nm) * BM;
-                const int64_t row = ((int64_t)b * p.heads_q + qh) * p.sqr + m0;
+                const int64_t row = SM90B_WS_ROW(qh, m0);
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
                 const uint32_t svec = sbase + L::VEC_OFF + s * L::VEC_BYTES;
@@ -298,8 +368,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_mbar_arrive_expect_tx(&q_full[s], 2 * L::QT_BYTES + L::VEC_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; pn++) {
-                    sm90_tma_load_4d(sq_t + pn * (BM * 128), &tm_q, &q_full[s], pn * 64, m0, qh, b);
-                    sm90_tma_load_4d(sdo_t + pn * (BM * 128), &tm_do, &q_full[s], pn * 64, m0, qh, b);
+                    sm90_tma_load_4d(sq_t + pn * (BM * 128), &tm_q, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB);
+                    sm90_tma_load_4d(sdo_t + pn * (BM * 128), &tm_do, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB);
                 }
                 sm90_bulk_load(svec, p.lse2 + row, BM * 4, &q_full[s]);
                 sm90_bulk_load(svec + BM * 4, p.delta + row, BM * 4, &q_full[s]);
@@ -326,6 +396,11 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
         if (n_iter > 0) {
             sm90_mbar_wait(kv_full, 0);
+            if (FEAT == 2 && n0 + BN > SM90B_LEN_K) {
+                sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
+                sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
+                sm90_bar_sync(SM90B_BAR_TAIL, 256);
+            }
             for (int it = 0; it < n_iter; it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (uint32_t)((it / STAGES) & 1);
@@ -340,6 +415,11 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const float slope2 =
                     FEAT && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
                 sm90_mbar_wait(&q_full[s], ph);
+                if (FEAT == 2 && m0 + BM > SM90B_LEN_Q) {
+                    sm90_zero_tile_rows<PANELS>(sq_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
+                    sm90_zero_tile_rows<PANELS>(sdo_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
+                    sm90_bar_sync(SM90B_BAR_TAIL, 256);
+                }
                 sm90_wgmma_fence();
                 sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
                 sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
@@ -357,21 +437,21 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (FEAT) {
                     /* whether some pair of this 64 x 64 block is outside the band: 64-bit, a
                      * window may be as wide as INT32_MAX */
-                    const long long dmin = (long long)kw0 - (m0 + 63) - p.off, dmax = (long long)kw0 + 63 - m0 - p.off;
-                    need_mask = kw0 + 64 > p.seqlen_k || (p.has_left && dmin < -(long long)p.left) ||
+                    const long long dmin = (long long)kw0 - (m0 + 63) - SM90B_OFF, dmax = (long long)kw0 + 63 - m0 - SM90B_OFF;
+                    need_mask = kw0 + 64 > SM90B_LEN_K || (p.has_left && dmin < -(long long)p.left) ||
                                 (p.has_right && dmax > p.right);
                 } else {
                     need_mask = kw0 + 64 > p.seqlen_k || (p.causal && kw0 + 63 > m0 + p.causal_offset);
                 }
                 /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
                  * and whether the band hides it. */
-                const float alibi_d0 = FEAT ? (float)(m0 + qc_l + p.off - kw0 - kr_l) : 0.f;
+                const float alibi_d0 = FEAT ? (float)(m0 + qc_l + SM90B_OFF - kw0 - kr_l) : 0.f;
 #define SM90B_DIST(j_) (alibi_d0 + (float)(8 * ((j_) >> 2) + ((j_) & 1) - 8 * (((j_) >> 1) & 1)))
 #define SM90B_HIDDEN(j_)                                                                           \
     ({                                                                                             \
         const int key_ = kw0 + kr_l + 8 * (((j_) >> 1) & 1);                                       \
-        const int rel_ = key_ - (m0 + 8 * ((j_) >> 2) + qc_l + ((j_) & 1)) - p.off; /* |.| < 2^31 */ \
-        key_ >= p.seqlen_k || (p.has_left && rel_ < -p.left) || (p.has_right && rel_ > p.right);   \
+        const int rel_ = key_ - (m0 + 8 * ((j_) >> 2) + qc_l + ((j_) & 1)) - SM90B_OFF; /* |.| < 2^31 */   \
+        key_ >= SM90B_LEN_K || (p.has_left && rel_ < -p.left) || (p.has_right && rel_ > p.right);         \
     })
                 /* With softcap, P^T needs the tanh of every score again for dS^T (the
                  * derivative 1 - tanh^2): the tanh is computed now, over the dP^T product, and
@@ -415,7 +495,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(dp);
                 if (late) {
-                    /* x = softcap tanh - slope |i + off - j| (log2 domain), P^T = exp2(x -
+                    /* x = softcap tanh - slope |i + SM90B_OFF - j| (log2 domain), P^T = exp2(x -
                      * lse2), dS^T = P^T (dP^T - delta) (1 - tanh^2) */
 #pragma unroll
                     for (int kk = 0; kk < BM / 16; kk++)
@@ -495,10 +575,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
 
                 /* dQ unit c into the accumulator, fragment order */
-                float *acc = p.dq_acc + (((int64_t)b * p.heads_q + qh) * p.sqr + m0) * D + unit * 4096 + t * 4;
-                int *sem = p.deterministic
-                               ? p.sem + ((((int64_t)b * p.heads_q + qh) * p.m_blocks + m0 / BM) * 2 + unit)
-                               : NULL;
+                float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D + unit * 4096 + t * 4;
+                int *sem = p.deterministic ? p.sem + (SM90B_WS_ROW(qh, m0) / BM * 2 + unit) : NULL;
                 if (p.deterministic) {
                     /* the adders of a unit in a fixed order: key block ascending, and at d64
                      * consumer 0 before consumer 1 */
@@ -507,8 +585,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      * visitors are a contiguous run of key blocks, both band edges growing) */
                     int nb0 = 0;
                     if (FEAT && p.has_left) {
-                        const long long j0 = (long long)m0 + p.off - p.left;
-                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)p.seqlen_k) / BN);
+                        const long long j0 = (long long)m0 + SM90B_OFF - p.left;
+                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)SM90B_LEN_K) / BN);
                     }
                     const int rank = D == 128 ? nb - nb0 : 2 * (nb - nb0) + c;
                     if (t == 0)
@@ -535,13 +613,21 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         for (int j = 0; j < D / 2; j += 2) {
             const int key = kw0 + kr_l + 8 * ((j >> 1) & 1);
             const int col = 8 * (j >> 2) + qc_l;
-            if (key < p.seqlen_k) {
-                sm90b_store_pair<BF16>(p.dk, b * p.dk_sb + key * p.dk_ss + hk * p.dk_sh + col, dk[j] * p.scale,
+            if (key < SM90B_LEN_K) {
+                const int64_t tok = SM90B_K0 + key;
+                sm90b_store_pair<BF16>(p.dk, SM90B_TB * p.dk_sb + tok * p.dk_ss + hk * p.dk_sh + col, dk[j] * p.scale,
                                        dk[j + 1] * p.scale);
-                sm90b_store_pair<BF16>(p.dv, b * p.dv_sb + key * p.dv_ss + hk * p.dv_sh + col, dv[j], dv[j + 1]);
+                sm90b_store_pair<BF16>(p.dv, SM90B_TB * p.dv_sb + tok * p.dv_ss + hk * p.dv_sh + col, dv[j], dv[j + 1]);
             }
         }
     }
+#undef SM90B_WS_ROW
+#undef SM90B_OFF
+#undef SM90B_LEN_Q
+#undef SM90B_LEN_K
+#undef SM90B_Q0
+#undef SM90B_K0
+#undef SM90B_TB
 #endif
 }
 
@@ -551,31 +637,34 @@ typedef struct sm90_bwd_post_params {
     const float *dq_acc;
     void *dq;
     int64_t dq_sb, dq_ss, dq_sh;
-    int seqlen_q, sqr, heads_q, bm;
+    int seqlen_q, seqlen_k, sqr, heads_q, bm;
     float scale;
+    int top_left, max_q; /* varlen (FEAT = 2), as sm90_bwd_params */
+    const int32_t *cu_q, *cu_k;
 } sm90_bwd_post_params;
 
-/* One block per (query block, head, batch). Float 4i of the block's accumulator holds, for
+/* One block per (query block, head, batch or varlen sequence). Float 4i of the block's accumulator holds, for
  * unit u = 4i / 4096, thread tt = (4i % 512) / 4 and group g = (4i % 4096) / 512, the
  * registers 4g..4g+3 of the wgmma fragment: rows r, r + 8 and columns 8g + 2(lane % 4) + {0, 1}. */
-template <int D, int BF16>
+template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_params p)
 {
     const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int m0 = mb * p.bm;
-    const float4 *acc = (const float4 *)(p.dq_acc + (((int64_t)b * p.heads_q + h) * p.sqr + m0) * D);
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    if (m0 >= sq.nq) return;
+    const float4 *acc = (const float4 *)(p.dq_acc + (sq.ws0 + (int64_t)h * p.sqr + m0) * D);
     for (int i = threadIdx.x; i < p.bm * D / 4; i += 256) {
         const int pos = 4 * i, u = pos >> 12, g = (pos & 4095) >> 9, tt = (pos & 511) >> 2;
         const int w = tt >> 5, l = tt & 31;
         const int row = 16 * w + (l >> 2), col = 8 * g + 2 * (l & 3) + 64 * u;
         const float4 v = acc[i];
         const int r0 = m0 + row, r1 = m0 + row + 8;
-        if (r0 < p.seqlen_q)
-            sm90b_store_pair<BF16>(p.dq, b * p.dq_sb + r0 * p.dq_ss + h * p.dq_sh + col, v.x * p.scale,
-                                   v.y * p.scale);
-        if (r1 < p.seqlen_q)
-            sm90b_store_pair<BF16>(p.dq, b * p.dq_sb + r1 * p.dq_ss + h * p.dq_sh + col, v.z * p.scale,
-                                   v.w * p.scale);
+        const int64_t base = sq.tb * p.dq_sb + h * p.dq_sh + col;
+        if (r0 < sq.nq)
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r0) * p.dq_ss, v.x * p.scale, v.y * p.scale);
+        if (r1 < sq.nq)
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r1) * p.dq_ss, v.z * p.scale, v.w * p.scale);
     }
 }
 
@@ -606,6 +695,10 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.bm = SM90B_BM(a->head_dim);
     w.m_blocks = (a->seqlen_q + w.bm - 1) / w.bm;
     w.sqr = w.m_blocks * w.bm;
+    if (a->cu_seqlens_q) { /* per head: the packed sequences, each padded (varlen.cuh) */
+        w.sqr = (int)FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs);
+        w.m_blocks = w.sqr / w.bm;
+    }
     const size_t rows = (size_t)a->batch * a->heads_q * w.sqr;
     w.lse2_off = 0;
     w.delta_off = sm90b_align(rows * 4);
@@ -639,6 +732,12 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     if (a->batch < 1 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
     if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
     if (a->seqlen_q < 1 || a->seqlen_k < 1 || a->seqlen_q > 0x7fff0000 || a->seqlen_k > 0x7fff0000) return 0;
+    if (a->cu_seqlens_q || a->cu_seqlens_k) {
+        if (!a->cu_seqlens_q || !a->cu_seqlens_k || a->batch != 1 || a->num_seqs < 1 || a->num_seqs > 65535 ||
+            a->max_seqlen_q < 1 || a->max_seqlen_k < 1 || (uintptr_t)a->cu_seqlens_q % 4 != 0 ||
+            (uintptr_t)a->cu_seqlens_k % 4 != 0 || FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs) > 0x7fff0000)
+            return 0;
+    }
     const void *ptrs[8] = {a->q, a->k, a->v, a->o, a->dout, a->dq, a->dk, a->dv};
     for (int i = 0; i < 8; i++)
         if (!ptrs[i] || (uintptr_t)ptrs[i] % 16 != 0) return 0;
@@ -681,8 +780,18 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     pre.do_sb = a->do_sb, pre.do_ss = a->do_ss, pre.do_sh = a->do_sh;
     pre.lse_sb = a->lse_sb, pre.lse_sh = a->lse_sh, pre.lse_ss = a->lse_ss;
     pre.lse2 = lse2, pre.delta = delta, pre.dq_acc = acc, pre.sem = sem;
-    pre.seqlen_q = a->seqlen_q, pre.sqr = w->sqr, pre.heads_q = a->heads_q, pre.bm = BM, pre.m_blocks = w->m_blocks;
-    fc_sm90_bwd_pre<D, BF16><<<dim3((w->sqr + 7) / 8, a->heads_q, a->batch), 256, 0, stream>>>(pre);
+    pre.seqlen_q = a->seqlen_q, pre.seqlen_k = a->seqlen_k, pre.sqr = w->sqr, pre.heads_q = a->heads_q;
+    pre.bm = BM, pre.m_blocks = w->m_blocks;
+    /* varlen: the CTA batch is the sequence, max_seqlen_q rows (and keys) each */
+    const int varlen = FEAT == 2;
+    const int seqs = varlen ? a->num_seqs : a->batch;
+    const int q_rows = varlen ? (a->max_seqlen_q + BM - 1) / BM * BM : w->sqr;
+    const int k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
+    pre.top_left = a->causal == 2, pre.max_q = a->max_seqlen_q;
+    pre.cu_q = a->cu_seqlens_q, pre.cu_k = a->cu_seqlens_k;
+    /* the pre- and post-passes only tell fixed lengths (0) from varlen (2) */
+    constexpr int PF = FEAT == 2 ? 2 : 0;
+    fc_sm90_bwd_pre<D, BF16, PF><<<dim3((q_rows + 7) / 8, a->heads_q, seqs), 256, 0, stream>>>(pre);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
 
@@ -720,13 +829,15 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
         p.alibi = a->alibi_slopes;
         p.alibi_sb = a->alibi_batch_stride;
         if (p.transform) p.scale_log2 = 1.f;
+        p.top_left = a->causal == 2, p.max_q = a->max_seqlen_q;
+        p.cu_q = a->cu_seqlens_q, p.cu_k = a->cu_seqlens_k;
     }
     const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
     err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
-    dim3 grid((a->seqlen_k + SM90B_BN - 1) / SM90B_BN, a->heads_kv, a->batch);
+    dim3 grid((k_rows + SM90B_BN - 1) / SM90B_BN, a->heads_kv, seqs);
     fc_sm90_bwd_kernel<D, BF16, FEAT><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
@@ -735,8 +846,11 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     memset(&post, 0, sizeof post);
     post.dq_acc = acc, post.dq = a->dq;
     post.dq_sb = a->dq_sb, post.dq_ss = a->dq_ss, post.dq_sh = a->dq_sh;
-    post.seqlen_q = a->seqlen_q, post.sqr = w->sqr, post.heads_q = a->heads_q, post.bm = BM, post.scale = a->scale;
-    fc_sm90_bwd_post<D, BF16><<<dim3(w->m_blocks, a->heads_q, a->batch), 256, 0, stream>>>(post);
+    post.seqlen_q = a->seqlen_q, post.seqlen_k = a->seqlen_k, post.sqr = w->sqr, post.heads_q = a->heads_q;
+    post.bm = BM, post.scale = a->scale;
+    post.top_left = a->causal == 2, post.max_q = a->max_seqlen_q;
+    post.cu_q = a->cu_seqlens_q, post.cu_k = a->cu_seqlens_k;
+    fc_sm90_bwd_post<D, BF16, PF><<<dim3(q_rows / BM, a->heads_q, seqs), 256, 0, stream>>>(post);
     return cudaGetLastError();
 }
 
@@ -745,16 +859,20 @@ cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
     const sm90_bwd_ws w = sm90b_workspace(a);
     if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
         return cudaErrorInvalidValue;
-    /* a window, a softcap or ALiBi selects the feature kernel; causal alone stays plain */
+    /* a window, a softcap or ALiBi selects the feature kernel, a varlen batch its own
+     * instantiation of it; causal alone stays plain */
     const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
                      a->alibi_slopes != NULL;
+    const int varlen = a->cu_seqlens_q != NULL;
 #define SM90B_GO(D_, F_) \
     return a->bf16 ? sm90b_launch<D_, 1, F_>(a, &w, stream) : sm90b_launch<D_, 0, F_>(a, &w, stream)
     if (a->head_dim == 64) {
+        if (varlen) SM90B_GO(64, 2);
         if (feat) SM90B_GO(64, 1);
         SM90B_GO(64, 0);
     }
     if (a->head_dim == 128) {
+        if (varlen) SM90B_GO(128, 2);
         if (feat) SM90B_GO(128, 1);
         SM90B_GO(128, 0);
     }

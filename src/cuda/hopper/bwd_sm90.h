@@ -45,7 +45,13 @@ typedef struct fc_sm90_bwd_args {
     float softcap;              /* logit softcap, 0 = off */
     const float *alibi_slopes;  /* device floats, NULL = off: slope of (b, h) at
                                    alibi_slopes[b * alibi_batch_stride + h] */
-    int64_t alibi_batch_stride; /* 0: one [heads_q] set for every batch */
+    int64_t alibi_batch_stride; /* 0: one [heads_q] set for every sequence */
+    /* Variable-length batches (fwd_sm90.h): batch 1, seqlen_q / seqlen_k the packed totals,
+     * sequence b the rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) against keys
+     * [cu_seqlens_k[b], cu_seqlens_k[b + 1]); max_seqlen_q / max_seqlen_k (both >= 1) size the
+     * grids. NULL: fixed lengths. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int num_seqs, max_seqlen_q, max_seqlen_k;
 } fc_sm90_bwd_args;
 
 /* 1 when fc_sm90_backward serves this call on a device of compute capability
@@ -54,8 +60,8 @@ typedef struct fc_sm90_bwd_args {
 int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_minor,
                                size_t smem_optin);
 
-/* Workspace bytes fc_sm90_backward needs for these sizes (batch, seqlens, heads, head_dim and
- * deterministic are read). */
+/* Workspace bytes fc_sm90_backward needs for these sizes (batch, seqlens, heads, head_dim,
+ * deterministic and, for a varlen batch, num_seqs with cu_seqlens_q set are read). */
 size_t fc_sm90_backward_workspace_size(const fc_sm90_bwd_args *a);
 
 /* Dynamic shared memory the main kernel for head_dim uses (0 if none is compiled for it). */

@@ -51,6 +51,7 @@
 #include "fwd_sm90.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
+#include "../varlen.cuh"
 
 /* What the kernel needs besides the tensor maps. */
 typedef struct sm90_fwd_params {
@@ -103,11 +104,6 @@ typedef struct sm90_seq {
     int q0, nq, k0, nk, off, tb;
 } sm90_seq;
 
-static __device__ __forceinline__ int sm90_clamp(int x, int lo, int hi)
-{
-    return x < lo ? lo : (x > hi ? hi : x);
-}
-
 #define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
 #define SM90_THREADS 384    /* producer warpgroup + 2 consumer warpgroups */
 #define SM90_PRODUCER_REGS 24
@@ -153,10 +149,7 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
 {
     sm90_seq s;
     if (FEAT == 2) {
-        s.q0 = sm90_clamp(f.cu_q[b], 0, p.seqlen_q);
-        s.nq = sm90_clamp(f.cu_q[b + 1], s.q0, p.seqlen_q) - s.q0;
-        s.k0 = sm90_clamp(f.cu_k[b], 0, p.seqlen_k);
-        s.nk = sm90_clamp(f.cu_k[b + 1], s.k0, p.seqlen_k) - s.k0;
+        fc_varlen_rows(f.cu_q, f.cu_k, b, p.seqlen_q, p.seqlen_k, &s.q0, &s.nq, &s.k0, &s.nk);
         s.off = f.top_left ? 0 : s.nk - s.nq;
         s.tb = 0;
     } else {
@@ -372,19 +365,12 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
 }
 
 /* Zeroes rows [from, BN) of a V tile: in a varlen batch they hold the next sequence's first
- * values, which P (zero there) would otherwise multiply, and 0 x inf or 0 x NaN would carry
- * that sequence's non-finite values into this one. Each consumer warpgroup clears half of
- * the chunks; both wait for each other before either's P V product reads the tile. */
+ * values, which P (zero there) would otherwise multiply. Each consumer warpgroup clears half
+ * of the chunks; both wait for each other before either's P V product reads the tile. */
 template <int D, int BN>
 static __device__ __forceinline__ void sm90_zero_v_rows(uint32_t v_tile, int from, int cw, int t)
 {
-    constexpr int PANELS = D / 64, CHUNKS = PANELS * 8; /* 16-byte chunks of one row */
-    for (int c = cw * 128 + t; c < (BN - from) * CHUNKS; c += 256) {
-        const int r = from + c / CHUNKS, pn = (c % CHUNKS) / 8, ch = c % 8;
-        const uint32_t addr = v_tile + pn * (BN * 128) + r * 128 + ch * 16;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-    }
-    sm90_fence_proxy_async(); /* the wgmma reads the tile through the async proxy */
+    sm90_zero_tile_rows<D / 64>(v_tile, BN, from, cw * 128 + t, 256);
     sm90_bar_sync(SM90_BAR_VTAIL, 256);
 }
 

@@ -730,6 +730,24 @@ SM90_DEVICE void sm90_bar_arrive(int id, int nthreads)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+/* Zeroes rows [from, rows) of a swizzled tile of PANELS panels of `rows` rows each (the
+ * swizzle only permutes chunks within a row, so whole rows are cleared the same way), thread
+ * t of nthreads taking every nthreads-th 16-byte chunk; then orders the writes before the
+ * async proxy's reads. The caller joins the writers (a named barrier) before any wgmma reads
+ * the tile. Used on the rows of a varlen sequence's last block that belong to the next
+ * sequence: a zero P or dS times one of its inf or NaN values would carry them over. */
+template <int PANELS>
+SM90_DEVICE void sm90_zero_tile_rows(uint32_t tile, int rows, int from, int t, int nthreads)
+{
+    constexpr int CHUNKS = PANELS * 8; /* 16-byte chunks of one row */
+    for (int c = t; c < (rows - from) * CHUNKS; c += nthreads) {
+        const int r = from + c / CHUNKS, pn = (c % CHUNKS) / 8, ch = c % 8;
+        const uint32_t addr = tile + pn * (rows * 128) + r * 128 + ch * 16;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+    }
+    sm90_fence_proxy_async();
+}
+
 /* Register reallocation between warpgroups: every warp of the warpgroup executes it. It
  * takes effect only when the kernel has a register cap at entry (__launch_bounds__ with a
  * minimum of 1 block); ptxas warns (C7508) when it cannot honour it. */
