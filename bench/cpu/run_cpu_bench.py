@@ -96,8 +96,13 @@ def main():
     ap.add_argument("--machine", default=None)
     ap.add_argument("--bench", default=None, help="path of a built cpu_bench")
     ap.add_argument("--quick", action="store_true", help="seqlen 1k only")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the table's file, or a folder for it")
+    ap.add_argument("--from-log", default=None,
+                    help="rebuild the table from the progress lines of an earlier run's log")
+    ap.add_argument("--torch-version", default=None, help="with --from-log: PyTorch's version")
     a = ap.parse_args()
+    if a.from_log:
+        return table_from_log(a)
 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = []
@@ -115,6 +120,8 @@ def main():
             torch = _torch
         except ImportError:
             torch = None
+    if torch is not None:
+        print(f"torch {torch.__version__}", flush=True)
 
     seqlens = [1024] if a.quick else [1024, 4096]
     heads = 16
@@ -145,14 +152,54 @@ def main():
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
+    write_table(a.out, model, ncpu, machine, commit, torch.__version__ if torch else None,
+                threads, peaks, rows)
+
+
+PEAK_LINE = re.compile(r"^peak (\d+) threads: ([\d.]+) GFLOP/s wall, ([\d.]+) cpu-time")
+CASE_LINE = re.compile(r"^\s*t=(\d+) (\w+) (fwd|bwd) n=(\d+) d=(\d+) causal=(\d): flashc ([\d.]+) "
+                       r"\(cpu-time ([\d.]+)\)(?:, torch ([\d.]+))? GFLOP/s")
+
+
+def table_from_log(a):
+    """The table of a run whose log kept the progress lines (peaks and cases) but not the file."""
+    model, ncpu, threads, peaks, rows, commit = "?", 0, [], {}, [], "?"
+    with open(a.from_log) as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("commit "):
+                commit = line.split()[1]
+            elif line.startswith("torch ") and not a.torch_version:
+                a.torch_version = line.split()[1]
+            elif m := PEAK_LINE.match(line):
+                t = int(m.group(1))
+                threads.append(t)
+                peaks[t] = (float(m.group(2)), float(m.group(3)))
+            elif m := CASE_LINE.match(line):
+                t, dtype, mode, n, d, causal = (int(m.group(1)), m.group(2), m.group(3),
+                                                int(m.group(4)), int(m.group(5)), int(m.group(6)))
+                tg = float(m.group(9)) if m.group(9) else None
+                rows.append((t, dtype, mode, n, d, causal, float(m.group(7)), float(m.group(8)), tg))
+    ncpu = max(threads) if threads else 0
+    machine = a.machine or re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") + f"-{ncpu}c"
+    torch_version = a.torch_version if any(r[8] for r in rows) else None
+    write_table(a.out, model, ncpu, machine, commit, torch_version, threads, peaks, rows)
+
+
+def write_table(out, model, ncpu, machine, commit, torch_version, threads, peaks, rows):
     date = datetime.date.today().isoformat()
-    out = a.out or os.path.join(ROOT, "bench", "results", f"cpu_{machine}_{date}.md")
+    name = f"cpu_{machine}_{date}.md"
+    if out is None:
+        out = os.path.join(ROOT, "bench", "results", name)
+    elif os.path.isdir(out):
+        out = os.path.join(out, name)
     lines = [f"# CPU attention, {model} ({ncpu} logical CPUs), {date}, commit {commit}", ""]
     lines.append("batch 1, 16 heads; GFLOP/s with 4 B H N^2 D forward, x2.5 backward, x0.5 "
                  "causal; median of >= 3 runs. \"% peak\": of the float32 FMA peak measured "
                  "at the same thread count in this run (wall / wall; cpu / cpu-time).")
-    if torch is not None:
-        lines.append(f"PyTorch {torch.__version__}, F.scaled_dot_product_attention on "
+    if torch_version is not None:
+        lines.append(f"PyTorch {torch_version}, F.scaled_dot_product_attention on "
                      "[B, H, N, D] tensors.")
     lines.append("")
     lines.append("| threads | FMA peak GFLOP/s (wall) | (cpu-time) |")
@@ -163,15 +210,15 @@ def main():
     hdr = "| threads | dtype | pass | seqlen | head dim | causal | flashc GFLOP/s | % peak | " \
           "flashc cpu-time GFLOP/s | % peak (cpu) |"
     sep = "|---|---|---|---|---|---|---|---|---|---|"
-    if torch is not None:
+    if torch_version is not None:
         hdr += " torch GFLOP/s | flashc / torch |"
         sep += "---|---|"
     lines += [hdr, sep]
     for (t, dtype, mode, n, d, causal, fg, fc, tg) in rows:
         s = (f"| {t} | {dtype} | {mode} | {n} | {d} | {causal} | {fg:.1f} | "
              f"{100 * fg / peaks[t][0]:.0f}% | {fc:.1f} | {100 * fc / peaks[t][1]:.0f}% |")
-        if torch is not None:
-            s += f" {tg:.1f} | {fg / tg:.2f}x |"
+        if torch_version is not None:
+            s += f" {tg:.1f} | {fg / tg:.2f}x |" if tg else " | |"
         lines.append(s)
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(out), exist_ok=True)
