@@ -918,46 +918,50 @@ static int bad_cu_seqlens_checks(void)
     return fails;
 }
 
-/* A varlen batch whose middle sequence has inf in V: the sequences beside it must come out
- * bitwise as they do with finite values there (a kernel that multiplies the zero
- * probabilities past a sequence's end by the next sequence's rows fails this). */
+/* A varlen batch whose middle sequence holds inf and NaN in Q, K, V and dO: the outputs and
+ * gradients of the sequences beside it must come out bitwise as they do with finite values
+ * there (a kernel that multiplies the zero probabilities or gradients past a sequence's end
+ * by the next sequence's rows fails this). */
 static int varlen_neighbour_checks(void)
 {
-    enum { H = 2, D = 128, NS = 3 };
+    enum { H = 2, D = 128, NS = 3, NT = 4 }; /* host inputs: q, k, v, dout */
     static const int32_t cu[NS + 1] = {0, 50, 250, 290};
+    static const char *names[4] = {"out", "dq", "dk", "dv"};
     const int64_t total = cu[NS];
     const size_t n = (size_t)total * H * D;
-    uint16_t *hq = (uint16_t *)malloc(n * 2), *hk = (uint16_t *)malloc(n * 2), *hv = (uint16_t *)malloc(n * 2);
-    uint16_t *out[2] = {(uint16_t *)malloc(n * 2), (uint16_t *)malloc(n * 2)};
-    uint64_t seed = 5;
-    for (size_t i = 0; i < n; i++) {
-        hq[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
-        hk[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
-        hv[i] = to_half(FLASHC_F16, (float)rng_normal(&seed));
-    }
-    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dl = NULL, *dcu = NULL;
+    uint16_t *host[NT];
+    uint16_t *res[2][4]; /* per run: out, dq, dk, dv */
+    uint64_t seed;
+    for (int t = 0; t < NT; t++) host[t] = (uint16_t *)malloc(n * 2);
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++) res[r][t] = (uint16_t *)malloc(n * 2);
+    void *dev[8] = {NULL}; /* q, k, v, dout, o, dq, dk, dv */
+    void *dl = NULL, *dcu = NULL;
     int fails = 0;
+    for (int i = 0; i < 8; i++)
+        if (flashc_backend_malloc(g_cuda, n * 2, &dev[i])) dev[i] = NULL;
+    if (flashc_backend_malloc(g_cuda, (size_t)H * total * 4, &dl)) dl = NULL;
+    if (flashc_backend_malloc(g_cuda, sizeof cu, &dcu)) dcu = NULL;
+    int allocated = dl && dcu;
+    for (int i = 0; i < 8; i++) allocated &= dev[i] != NULL;
+    if (!allocated) {
+        printf("  varlen neighbours: allocation failed: %s\n", flashc_last_error());
+        fails = 1;
+        goto done;
+    }
+    flashc_backend_memcpy(g_cuda, dcu, cu, sizeof cu, FLASHC_COPY_TO_BACKEND);
     for (int causal = 0; causal <= 1; causal++) {
         for (int run = 0; run < 2; run++) {
-            if (run == 1) /* the middle sequence's values: +inf and NaN */
-                for (int64_t j = cu[1]; j < cu[2]; j++)
-                    for (int64_t e = 0; e < H * D; e++)
-                        hv[j * H * D + e] = (j + e) % 2 ? 0x7c00 : 0x7e00;
-            if (!dq && (flashc_backend_malloc(g_cuda, n * 2, &dq) || flashc_backend_malloc(g_cuda, n * 2, &dk) ||
-                        flashc_backend_malloc(g_cuda, n * 2, &dv) || flashc_backend_malloc(g_cuda, n * 2, &dout) ||
-                        flashc_backend_malloc(g_cuda, (size_t)H * total * 4, &dl) ||
-                        flashc_backend_malloc(g_cuda, sizeof cu, &dcu))) {
-                printf("  varlen neighbours: allocation failed: %s\n", flashc_last_error());
-                return 1;
-            }
-            flashc_backend_memcpy(g_cuda, dq, hq, n * 2, FLASHC_COPY_TO_BACKEND);
-            flashc_backend_memcpy(g_cuda, dk, hk, n * 2, FLASHC_COPY_TO_BACKEND);
-            flashc_backend_memcpy(g_cuda, dv, hv, n * 2, FLASHC_COPY_TO_BACKEND);
-            flashc_backend_memcpy(g_cuda, dcu, cu, sizeof cu, FLASHC_COPY_TO_BACKEND);
-            flashc_tensor tq = flashc_tensor_contiguous(dq, FLASHC_F16, 1, total, H, D);
-            flashc_tensor tk = flashc_tensor_contiguous(dk, FLASHC_F16, 1, total, H, D);
-            flashc_tensor tv = flashc_tensor_contiguous(dv, FLASHC_F16, 1, total, H, D);
-            flashc_tensor to = flashc_tensor_contiguous(dout, FLASHC_F16, 1, total, H, D);
+            seed = 5 + (uint64_t)causal; /* the same finite values in both runs */
+            for (int t = 0; t < 4; t++)
+                for (size_t i = 0; i < n; i++) host[t][i] = to_half(FLASHC_F16, (float)rng_normal(&seed) * 0.5f);
+            if (run == 1) /* the middle sequence's values: +inf and NaN, in every input */
+                for (int t = 0; t < 4; t++)
+                    for (int64_t j = cu[1]; j < cu[2]; j++)
+                        for (int64_t e = 0; e < H * D; e++) host[t][j * H * D + e] = (j + e + t) % 2 ? 0x7c00 : 0x7e00;
+            for (int t = 0; t < 4; t++) flashc_backend_memcpy(g_cuda, dev[t], host[t], n * 2, FLASHC_COPY_TO_BACKEND);
+            flashc_tensor tt[8];
+            for (int t = 0; t < 8; t++) tt[t] = flashc_tensor_contiguous(dev[t], FLASHC_F16, 1, total, H, D);
             flashc_tensor tl = flashc_lse_contiguous((float *)dl, 1, H, total);
             flashc_params p;
             flashc_params_init(&p);
@@ -965,32 +969,40 @@ static int varlen_neighbour_checks(void)
             p.num_seqs = NS;
             p.max_seqlen_q = p.max_seqlen_k = 200;
             p.causal = causal;
-            flashc_status st = flashc_forward(g_cuda, &p, &tq, &tk, &tv, &to, &tl);
-            if (st != FLASHC_OK) {
-                printf("  varlen neighbours: forward failed: %s\n", flashc_last_error());
+            if (flashc_forward(g_cuda, &p, &tt[0], &tt[1], &tt[2], &tt[4], &tl) != FLASHC_OK ||
+                flashc_backward(g_cuda, &p, &tt[3], &tt[0], &tt[1], &tt[2], &tt[4], &tl, &tt[5], &tt[6], &tt[7]) !=
+                    FLASHC_OK) {
+                printf("  varlen neighbours: forward or backward failed: %s\n", flashc_last_error());
                 fails++;
             }
-            flashc_backend_memcpy(g_cuda, out[run], dout, n * 2, FLASHC_COPY_TO_HOST);
+            for (int t = 0; t < 4; t++)
+                flashc_backend_memcpy(g_cuda, res[run][t], dev[4 + t], n * 2, FLASHC_COPY_TO_HOST);
         }
-        long differ = 0, nonfinite = 0;
-        for (int64_t j = 0; j < total; j++) {
-            if (j >= cu[1] && j < cu[2]) continue; /* the middle sequence itself */
-            for (int64_t e = 0; e < H * D; e++) {
-                const size_t i = (size_t)(j * H * D + e);
-                differ += out[0][i] != out[1][i];
-                nonfinite += !isfinite(from_half(FLASHC_F16, out[1][i]));
+        for (int t = 0; t < 4; t++) {
+            long differ = 0, nonfinite = 0;
+            for (int64_t j = 0; j < total; j++) {
+                if (j >= cu[1] && j < cu[2]) continue; /* the middle sequence itself */
+                for (int64_t e = 0; e < H * D; e++) {
+                    const size_t i = (size_t)(j * H * D + e);
+                    differ += res[0][t][i] != res[1][t][i];
+                    nonfinite += !isfinite(from_half(FLASHC_F16, res[1][t][i]));
+                }
             }
+            const int ok = differ == 0 && nonfinite == 0;
+            printf("  varlen, inf/NaN in the middle sequence (%s), %s: %ld elements of its neighbours differ, "
+                   "%ld non-finite  %s\n",
+                   causal ? "causal" : "non-causal", names[t], differ, nonfinite, ok ? "PASS" : "FAIL");
+            fails += !ok;
         }
-        const int ok = differ == 0 && nonfinite == 0;
-        printf("  varlen, inf/NaN in the middle sequence's V (%s): %ld elements of its neighbours differ, %ld "
-               "non-finite  %s\n", causal ? "causal" : "non-causal", differ, nonfinite, ok ? "PASS" : "FAIL");
-        fails += !ok;
-        for (int64_t j = cu[1]; j < cu[2]; j++) /* finite again for the next pass */
-            for (int64_t e = 0; e < H * D; e++) hv[j * H * D + e] = to_half(FLASHC_F16, 0.5f);
     }
-    flashc_backend_free(g_cuda, dq), flashc_backend_free(g_cuda, dk), flashc_backend_free(g_cuda, dv);
-    flashc_backend_free(g_cuda, dout), flashc_backend_free(g_cuda, dl), flashc_backend_free(g_cuda, dcu);
-    free(hq), free(hk), free(hv), free(out[0]), free(out[1]);
+done:
+    for (int i = 0; i < 8; i++)
+        if (dev[i]) flashc_backend_free(g_cuda, dev[i]);
+    if (dl) flashc_backend_free(g_cuda, dl);
+    if (dcu) flashc_backend_free(g_cuda, dcu);
+    for (int t = 0; t < NT; t++) free(host[t]);
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++) free(res[r][t]);
     return fails;
 }
 
