@@ -179,14 +179,11 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 
 #ifdef FLASHC_HAVE_SM90
 /* The features the Hopper kernels compute themselves (their feature instantiations): window,
- * softcap and ALiBi both ways, varlen in the forward; dropout calls (and varlen backwards)
- * go to mma.sync. */
-static int sm90_serves_features(const flashc_problem *pr, int backward)
+ * softcap, ALiBi and varlen, forward and backward; dropout calls go to mma.sync. */
+static int sm90_serves_features(const flashc_problem *pr)
 {
-    /* The varlen backward instantiation is built but not dispatched until it has been run
-     * against the reference on a GPU. */
-    const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
-                            (backward ? 0u : (uint32_t)FLASHC_FEATURE_VARLEN);
+    const uint32_t served =
+        FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI | FLASHC_FEATURE_VARLEN;
     return (pr->features & ~served) == 0;
 }
 
@@ -221,7 +218,7 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *out,
                             flashc_tensor *lse, cudaError_t *err)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr, 0)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_fwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
@@ -332,7 +329,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
                              const flashc_tensor *out, const flashc_tensor *lse, flashc_tensor *dq,
                              flashc_tensor *dk, flashc_tensor *dv, flashc_status *st)
 {
-    if (!s->use_wgmma || !sm90_serves_features(pr, 1)) return 0;
+    if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_bwd_args h;
     memset(&h, 0, sizeof h);
     h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
@@ -393,7 +390,7 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     size_t total = workspace_layout(pr).total;
 #ifdef FLASHC_HAVE_SM90
     /* Enough for either path: which one runs depends on the views, known only at the call. */
-    if (s && s->use_wgmma && sm90_serves_features(pr, 1)) {
+    if (s && s->use_wgmma && sm90_serves_features(pr)) {
         fc_sm90_bwd_args h;
         memset(&h, 0, sizeof h);
         FC_SM90_SIZES(h, pr);

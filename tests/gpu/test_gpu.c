@@ -439,7 +439,12 @@ static void run_case(gpu_case *c, uint64_t seed)
         cs[T_DQ] = compare_view(&vdq, gdq, rdq, atol, rtol);
         cs[T_DK] = compare_view(&vdk, gdk, rdk, atol, rtol);
         cs[T_DV] = compare_view(&vdv, gdv, rdv, atol, rtol);
-        const double bar = dt == FLASHC_BF16 ? 5e-3 : 5e-4;
+        /* fp16 with a softcap: twice the plain bar. Where the scores saturate (a cap well
+         * below them), 1 - tanh^2 shrinks dS while the error of delta = rowsum(dO O), which
+         * every FlashAttention backward computes from the 16-bit O it is given, stays: an
+         * emulation of the kernel's arithmetic in numpy puts that term alone at 5e-4 of dQ
+         * and dK on the d256 cap-5 case. */
+        const double bar = dt == FLASHC_BF16 ? 5e-3 : (c->softcap > 0 ? 1e-3 : 5e-4);
         int ok = det_ok && rep_ok;
         char *m = c->msg;
         size_t left = sizeof c->msg;

@@ -282,18 +282,18 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int n0 = nb * BN;
-    {
-        const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
-        if (FEAT == 2 && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
-        if (FEAT == 2 && tid == 0) {
-            int *seq = (int *)(smem + L::SEQ_OFF);
-            seq[0] = sq.off, seq[1] = sq.nq, seq[2] = sq.nk, seq[3] = (int)sq.ws0, seq[4] = sq.q0, seq[5] = sq.k0;
-        }
+    /* Every thread reads its sequence from the prefix sums for the band below, which runs
+     * before the barrier that publishes thread 0's copy in shared memory. */
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    if (FEAT == 2 && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
+    if (FEAT == 2 && tid == 0) {
+        int *seq = (int *)(smem + L::SEQ_OFF);
+        seq[0] = sq.off, seq[1] = sq.nq, seq[2] = sq.nk, seq[3] = (int)sq.ws0, seq[4] = sq.q0, seq[5] = sq.k0;
     }
-    /* The CTA's sequence (varlen: from shared memory, reloaded past every barrier, which
-     * keeps it out of the consumers' registers across the loop; fixed lengths: the
-     * parameters): the band's diagonal offset (off), the lengths, the first rows, and the
-     * workspace row of (query head qh, block row m0). */
+    /* The CTA's sequence past the first barrier (varlen: from shared memory, reloaded past
+     * every barrier, which keeps it out of the consumers' registers across the loop; fixed
+     * lengths: the parameters): the band's diagonal offset (off), the lengths, the first
+     * rows, and the workspace row of (query head qh, block row m0). */
     const int *seq_s = (const int *)(smem + L::SEQ_OFF);
 #define SM90B_OFF (FEAT == 2 ? seq_s[0] : p.off)
 #define SM90B_LEN_Q (FEAT == 2 ? seq_s[1] : p.seqlen_q)
@@ -311,10 +311,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     if (FEAT) {
         /* the band read the other way: query i sees key j when
          * j - off - right <= i <= j - off + left, for the block's first and last key */
-        const long long j_last = min(n0 + BN, SM90B_LEN_K) - 1;
-        long long q_lo = 0, q_hi = SM90B_LEN_Q;
-        if (p.has_right) q_lo = max(q_lo, (long long)n0 - SM90B_OFF - p.right);
-        if (p.has_left) q_hi = min(q_hi, j_last - SM90B_OFF + p.left + 1);
+        const int len_q = FEAT == 2 ? sq.nq : p.seqlen_q, len_k = FEAT == 2 ? sq.nk : p.seqlen_k;
+        const int off = FEAT == 2 ? sq.off : p.off;
+        const long long j_last = min(n0 + BN, len_k) - 1;
+        long long q_lo = 0, q_hi = len_q;
+        if (p.has_right) q_lo = max(q_lo, (long long)n0 - off - p.right);
+        if (p.has_left) q_hi = min(q_hi, j_last - off + p.left + 1);
         if (q_lo >= q_hi) nm = 0;
         else {
             m_min = (int)(q_lo / BM);
