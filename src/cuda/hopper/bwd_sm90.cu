@@ -100,6 +100,12 @@ typedef struct sm90_bwd_params {
      * workspace holds sqr rows per head, sequence b's from fc_varlen_ws_start on. */
     int top_left, max_q;
     const int32_t *cu_q, *cu_k;
+    /* GQA with few CTAs: the query heads of a kv head's group are split over hsplit CTAs
+     * (blockIdx.y = kv head * hsplit + part), each adding its scaled dK and its dV into the
+     * fp32 accumulators [batch][seqlen_k][heads_kv][D] that fc_sm90_bwd_kv_post converts.
+     * hsplit 1: the CTA walks the whole group and stores dK, dV itself. */
+    int hsplit, heads_kv;
+    float *dk_acc, *dv_acc;
 } sm90_bwd_params;
 
 /* The sequence of a CTA: query rows q0 .. q0 + nq of the tensors' batch tb against keys
@@ -280,7 +286,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 1 + STAGES;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-    const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int nb = blockIdx.x, hk = blockIdx.y / p.hsplit, b = blockIdx.z;
+    const int heads_cta = p.group / p.hsplit;                           /* query heads this CTA walks */
+    const int qh0 = hk * p.group + (blockIdx.y % p.hsplit) * heads_cta; /* the first of them */
     const int n0 = nb * BN;
     /* Every thread reads its sequence from the prefix sums for the band below, which runs
      * before the barrier that publishes thread 0's copy in shared memory. */
@@ -330,7 +338,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             nm = p.m_blocks - m_min;
         }
     }
-    const int n_iter = nm * p.group;
+    const int n_iter = nm * heads_cta;
 
     if (tid == 0) {
         sm90_mbar_init(kv_full, 1);
@@ -361,7 +369,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             int s = 0;
             uint32_t ph = 0;
             for (int it = 0; it < n_iter; it++) {
-                const int qh = hk * p.group + it / nm, m0 = (m_min + it % nm) * BM;
+                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
                 const int64_t row = SM90B_WS_ROW(qh, m0);
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
@@ -406,7 +414,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             for (int it = 0; it < n_iter; it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (uint32_t)((it / STAGES) & 1);
-                const int qh = hk * p.group + it / nm, m0 = (m_min + it % nm) * BM;
+                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
                 const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
@@ -617,6 +625,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             const int col = 8 * (j >> 2) + qc_l;
             if (key < SM90B_LEN_K) {
                 const int64_t tok = SM90B_K0 + key;
+                if (p.hsplit > 1) {
+                    const int64_t at = (((int64_t)SM90B_TB * p.seqlen_k + tok) * p.heads_kv + hk) * D + col;
+                    sm90_red_add_v2(p.dk_acc + at, dk[j] * p.scale, dk[j + 1] * p.scale);
+                    sm90_red_add_v2(p.dv_acc + at, dv[j], dv[j + 1]);
+                    continue;
+                }
                 sm90b_store_pair<BF16>(p.dk, SM90B_TB * p.dk_sb + tok * p.dk_ss + hk * p.dk_sh + col, dk[j] * p.scale,
                                        dk[j + 1] * p.scale);
                 sm90b_store_pair<BF16>(p.dv, SM90B_TB * p.dv_sb + tok * p.dv_ss + hk * p.dv_sh + col, dv[j], dv[j + 1]);
@@ -670,6 +684,35 @@ __global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_para
     }
 }
 
+/* dK and dV of a split GQA group: the fp32 accumulators (dK already scaled) to 16 bits. One
+ * block per (key block of SM90B_BN keys, kv head, batch or varlen sequence), the key rows
+ * the main kernel's CTA of the same coordinates covers, so that rows of no sequence stay
+ * untouched as they do without the split. */
+typedef struct sm90_bwd_kv_post_params {
+    const float *dk_acc, *dv_acc;
+    void *dk, *dv;
+    int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    int seqlen_q, seqlen_k, heads_kv;
+    int top_left, max_q; /* varlen (FEAT = 2), as sm90_bwd_params */
+    const int32_t *cu_q, *cu_k;
+} sm90_bwd_kv_post_params;
+
+template <int D, int BF16, int FEAT>
+__global__ void __launch_bounds__(256) fc_sm90_bwd_kv_post(const sm90_bwd_kv_post_params p)
+{
+    const int n0 = blockIdx.x * SM90B_BN, hk = blockIdx.y, b = blockIdx.z;
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, 0, 0);
+    const int rows = min(SM90B_BN, sq.nk - n0);
+    for (int i = threadIdx.x; i < rows * (D / 2); i += 256) {
+        const int64_t tok = sq.k0 + n0 + i / (D / 2);
+        const int col = 2 * (i % (D / 2));
+        const int64_t at = (((int64_t)sq.tb * p.seqlen_k + tok) * p.heads_kv + hk) * D + col;
+        const float2 gk = *(const float2 *)(p.dk_acc + at), gv = *(const float2 *)(p.dv_acc + at);
+        sm90b_store_pair<BF16>(p.dk, sq.tb * p.dk_sb + tok * p.dk_ss + hk * p.dk_sh + col, gk.x, gk.y);
+        sm90b_store_pair<BF16>(p.dv, sq.tb * p.dv_sb + tok * p.dv_ss + hk * p.dv_sh + col, gv.x, gv.y);
+    }
+}
+
 /* ---- host side ------------------------------------------------------------------------------ */
 
 size_t fc_sm90_backward_smem_bytes(int head_dim)
@@ -682,7 +725,7 @@ size_t fc_sm90_backward_smem_bytes(int head_dim)
 /* Padded lengths and the workspace carve-up, each part 256-byte aligned. */
 typedef struct sm90_bwd_ws {
     int bm, m_blocks, sqr;
-    size_t lse2_off, delta_off, acc_off, sem_off, total;
+    size_t lse2_off, delta_off, acc_off, sem_off, kv_off, total;
 } sm90_bwd_ws;
 
 static size_t sm90b_align(size_t x)
@@ -706,7 +749,10 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.delta_off = sm90b_align(rows * 4);
     w.acc_off = w.delta_off + sm90b_align(rows * 4);
     w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
-    w.total = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
+    w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
+    /* the fp32 dK and dV of a split GQA group (never split in deterministic mode) */
+    const int may_split = a->heads_kv > 0 && a->heads_q / a->heads_kv > 1 && !a->deterministic;
+    w.total = w.kv_off + (may_split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
     return w;
 }
 
@@ -754,6 +800,26 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     for (int i = 0; i < 8; i++)
         for (int d = 0; d < 3; d++)
             if (!sm90b_stride_ok(st[i][d], ext[i][d])) return 0;
+    return 1;
+}
+
+/* How many CTAs share the query heads of one kv head's group: 1 (the CTA walks the group,
+ * dK and dV summed in registers) unless the grid of ctas CTAs leaves SMs idle; then the
+ * smallest divisor of the group that fills them, or the whole group. Never in deterministic
+ * mode, whose dK and dV must not depend on the order of fp32 additions. */
+static int sm90b_group_split(const fc_sm90_bwd_args *a, long long ctas)
+{
+    const int group = a->heads_q / a->heads_kv;
+    if (group <= 1 || a->deterministic) return 1;
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+        cudaGetLastError(); /* no split then; the error is not the call's */
+        return 1;
+    }
+    if (ctas >= sms) return 1;
+    for (int d = 2; d <= group; d++)
+        if (group % d == 0 && (ctas * d >= sms || d == group)) return d;
     return 1;
 }
 
@@ -837,12 +903,34 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
     err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
+    const int k_blocks = (k_rows + SM90B_BN - 1) / SM90B_BN;
+    p.heads_kv = a->heads_kv;
+    p.hsplit = sm90b_group_split(a, (long long)k_blocks * a->heads_kv * seqs);
+    if (p.hsplit > 1) {
+        p.dk_acc = (float *)(ws + w->kv_off);
+        p.dv_acc = p.dk_acc + (size_t)a->batch * a->seqlen_k * a->heads_kv * D;
+        err = cudaMemsetAsync(p.dk_acc, 0, 2 * (size_t)a->batch * a->seqlen_k * a->heads_kv * D * 4, stream);
+        if (err != cudaSuccess) return err;
+    }
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
-    dim3 grid((k_rows + SM90B_BN - 1) / SM90B_BN, a->heads_kv, seqs);
+    dim3 grid(k_blocks, a->heads_kv * p.hsplit, seqs);
     fc_sm90_bwd_kernel<D, BF16, FEAT><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
+    if (p.hsplit > 1) {
+        sm90_bwd_kv_post_params kp;
+        memset(&kp, 0, sizeof kp);
+        kp.dk_acc = p.dk_acc, kp.dv_acc = p.dv_acc, kp.dk = a->dk, kp.dv = a->dv;
+        kp.dk_sb = a->dk_sb, kp.dk_ss = a->dk_ss, kp.dk_sh = a->dk_sh;
+        kp.dv_sb = a->dv_sb, kp.dv_ss = a->dv_ss, kp.dv_sh = a->dv_sh;
+        kp.seqlen_q = a->seqlen_q, kp.seqlen_k = a->seqlen_k, kp.heads_kv = a->heads_kv;
+        kp.top_left = a->causal == 2, kp.max_q = a->max_seqlen_q;
+        kp.cu_q = a->cu_seqlens_q, kp.cu_k = a->cu_seqlens_k;
+        fc_sm90_bwd_kv_post<D, BF16, PF><<<dim3(k_blocks, a->heads_kv, seqs), 256, 0, stream>>>(kp);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
 
     sm90_bwd_post_params post;
     memset(&post, 0, sizeof post);

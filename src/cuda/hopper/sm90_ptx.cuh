@@ -822,6 +822,13 @@ SM90_DEVICE void sm90_bulk_load(uint32_t dst, const void *src, uint32_t bytes, u
                  : "memory");
 }
 
+/* Two fp32 additions into 8 contiguous, 8-byte aligned bytes of global memory, one
+ * reduction instruction (sm_90): a split GQA group's dK and dV, with no value returned. */
+SM90_DEVICE void sm90_red_add_v2(float *p, float a, float b)
+{
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
 /* Four fp32 additions into 16 contiguous, 16-byte aligned bytes of global memory, one
  * reduction instruction (sm_90): the dQ accumulation, with no value returned. */
 SM90_DEVICE void sm90_red_add_v4(float *p, float a, float b, float c, float d)
