@@ -34,10 +34,12 @@
  *      zero-fills rows outside the tensor), give P = 0 and so contribute nothing. dK is
  *      scaled by the softmax scale in the epilogue; dK and dV are stored directly (rows past
  *      seqlen_k skipped). GQA: the CTA walks all query heads of its kv head, so dK and dV sum
- *      the group in registers, deterministically.
+ *      the group in registers, deterministically; when that grid would leave SMs idle (and
+ *      not in deterministic mode) the group's query heads are split over several CTAs, which
+ *      add their dK and dV into fp32 accumulators instead (sm90b_group_split).
  *
  * 3. fc_sm90_bwd_post: dQ = scale * accumulator, to 16 bits, from the fragment order back to
- *    [row][column].
+ *    [row][column]; with a split group, fc_sm90_bwd_kv_post converts dK and dV likewise.
  *
  * BM = 64 query rows per block. Head dim 128: consumer c's dQ unit is head-dim columns
  * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS). Head dim 64: each

@@ -5,7 +5,8 @@
  *
  * Plain C like fwd_sm90.h: the caller asks fc_sm90_backward_supported first and falls back to
  * the mma.sync backward on 0. The scratch memory (base-2 LSE, delta = rowsum(dO * O), the fp32
- * dQ accumulator and, in deterministic mode, the per-block semaphores) is the caller's:
+ * dQ accumulator, in deterministic mode the per-block semaphores, and with GQA outside it the
+ * fp32 dK and dV of a group split over CTAs) is the caller's:
  * fc_sm90_backward_workspace_size says how much, and nothing is allocated inside.
  */
 #ifndef FLASHC_CUDA_BWD_SM90_H
