@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "flashc.h"
+#include "gpu_test_util.h"
 
 enum { LAYOUT_BSHD, LAYOUT_BHSD, LAYOUT_PADDED, LAYOUT_FLAT };
 static const char *layout_names[] = {"bshd", "bhsd", "padded", "flat"};
@@ -66,84 +67,6 @@ typedef struct gpu_case {
 
 static flashc_backend *g_cuda;
 
-/* ---- random numbers and 16-bit floats ------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-    int exp = (int)((x >> 23) & 0xff) - 127 + 15;
-    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
-    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10) return (uint16_t)sign;
-        mant |= 0x800000;
-        int shift = 14 - exp;
-        uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = (uint32_t)(exp << 10) | (mant >> 13), rem = mant & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
-    return (uint16_t)(sign | r);
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
-    if (exp == 0) {
-        if (mant == 0) {
-            u = sign;
-        } else {
-            int e = -1;
-            do { mant <<= 1; e++; } while (!(mant & 0x400));
-            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000 | (mant << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t to_half(flashc_dtype dt, float f) { return dt == FLASHC_BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
-static float from_half(flashc_dtype dt, uint16_t h) { return dt == FLASHC_BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
-static uint16_t half_nan(flashc_dtype dt) { return dt == FLASHC_BF16 ? 0x7fc0 : 0x7e00; }
 
 /* ---- strided views ---------------------------------------------------------------------- */
 

@@ -30,100 +30,21 @@
 #include <time.h>
 
 #include "flashc.h"
+#include "gpu_test_util.h"
 
 static flashc_backend *g_cuda, *g_ref;
 static const char *g_filter, *g_backend = "cuda";
 static int g_small, g_cases, g_fails, g_skips;
 
-/* ---- random numbers and 16-bit floats ------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-    int exp = (int)((x >> 23) & 0xff) - 127 + 15;
-    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
-    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10) return (uint16_t)sign;
-        mant |= 0x800000;
-        int shift = 14 - exp;
-        uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = (uint32_t)(exp << 10) | (mant >> 13), rem = mant & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
-    return (uint16_t)(sign | r);
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
-    if (exp == 0) {
-        if (mant == 0) {
-            u = sign;
-        } else {
-            int e = -1;
-            do { mant <<= 1; e++; } while (!(mant & 0x400));
-            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000 | (mant << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Element i of a buffer of dtype dt, and the store of x there (rounded to nearest). */
 static float get_elem(const void *p, flashc_dtype dt, size_t i)
 {
-    if (dt == FLASHC_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return dt == FLASHC_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    return flashc_load(p, dt, (int64_t)i);
 }
 
 static void set_elem(void *p, flashc_dtype dt, size_t i, float x)
 {
-    if (dt == FLASHC_F32)
-        ((float *)p)[i] = x;
-    else
-        ((uint16_t *)p)[i] = dt == FLASHC_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    flashc_store(p, dt, (int64_t)i, x);
 }
 
 static void fill_nan(void *p, flashc_dtype dt, size_t n)
