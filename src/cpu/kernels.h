@@ -140,6 +140,7 @@ extern const flashc_cpu_kernels flashc_cpu_kernels_generic;
 extern const flashc_cpu_kernels flashc_cpu_kernels_avx2;
 extern const flashc_cpu_kernels flashc_cpu_kernels_avx512;
 extern const flashc_cpu_kernels flashc_cpu_kernels_amx;
+extern const flashc_cpu_kernels flashc_cpu_kernels_neon;
 
 /* The best supported set, or the one named (NULL if that name is unknown or unsupported). */
 const flashc_cpu_kernels *flashc_cpu_pick_kernels(const char *name);

@@ -186,13 +186,15 @@ const flashc_cpu_kernels flashc_cpu_kernels_generic = {
     .rows_nonfinite = generic_rows_nonfinite,
 };
 
-/* Sets in order of preference, best first; the generic set runs anywhere. An aarch64 NEON
- * set slots in ahead of the generic one under its own #if. */
+/* Sets in order of preference, best first; the generic set runs anywhere. */
 static const flashc_cpu_kernels *const kernel_sets[] = {
 #if defined(FLASHC_CPU_X86)
     &flashc_cpu_kernels_amx,
     &flashc_cpu_kernels_avx512,
     &flashc_cpu_kernels_avx2,
+#endif
+#if defined(FLASHC_CPU_NEON)
+    &flashc_cpu_kernels_neon,
 #endif
     &flashc_cpu_kernels_generic,
 };
@@ -216,6 +218,8 @@ const char *flashc_cpu_kernel_names(void)
 {
 #if defined(FLASHC_CPU_X86)
     return "amx avx512 avx2 generic";
+#elif defined(FLASHC_CPU_NEON)
+    return "neon generic";
 #else
     return "generic";
 #endif

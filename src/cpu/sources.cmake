@@ -26,4 +26,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|x64)$")
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mfma")
   set_source_files_properties(src/cpu/kernels_amx.c PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mfma;-mamx-tile;-mamx-bf16")
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+  # Advanced SIMD is part of the AArch64 base architecture: no extra flags
+  target_sources(flashc_objects PRIVATE src/cpu/kernels_neon.c)
+  target_compile_definitions(flashc_objects PRIVATE FLASHC_CPU_NEON)
 endif()

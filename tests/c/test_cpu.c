@@ -70,7 +70,7 @@ static void run_long(flashc_backend *be, const char *isa)
 
 int main(void)
 {
-    const char *sets[] = {"generic", "avx2", "avx512", "amx"};
+    const char *sets[] = TEST_CPU_SETS;
     int ran = 0;
     for (int i = 0; i < COUNT(sets); i++) {
         if (!flashc_cpu_pick_kernels(sets[i]))

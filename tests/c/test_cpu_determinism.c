@@ -98,7 +98,7 @@ int main(void)
         {FLASHC_F32, 3, 65, 129, 2, 2, 32, FLASHC_CAUSAL_NONE},
     };
     const int thread_counts[] = {1, 2, 3, 5, 8};
-    const char *sets[] = {"generic", "avx2", "avx512", "amx"};
+    const char *sets[] = TEST_CPU_SETS;
     for (int si = 0; si < COUNT(sets); si++) {
         if (!flashc_cpu_pick_kernels(sets[si]))
             continue;

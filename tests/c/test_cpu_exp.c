@@ -131,7 +131,7 @@ static void check_masked(const flashc_cpu_kernels *k)
 
 int main(void)
 {
-    const char *sets[] = {"generic", "avx2", "avx512", "amx"};
+    const char *sets[] = TEST_CPU_SETS;
     int ran = 0;
     for (int i = 0; i < COUNT(sets); i++) {
         const flashc_cpu_kernels *k = flashc_cpu_pick_kernels(sets[i]);

@@ -411,7 +411,7 @@ static void test_varlen_matches_fixed(flashc_backend *be)
 int main(void)
 {
     test_philox();
-    const char *sets[] = {"generic", "avx2", "avx512", "amx"};
+    const char *sets[] = TEST_CPU_SETS;
     const char *schedules[] = {"onepass", "threepass"};
     uint64_t seed = 1;
     int ran = 0;

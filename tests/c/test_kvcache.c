@@ -672,8 +672,8 @@ int main(void)
     }
     test_split_choice();
     /* the grid on every micro-kernel set this processor runs */
-    static const char *const isas[] = {"generic", "avx2", "avx512", "amx"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const isas[] = TEST_CPU_SETS;
+    for (int i = 0; i < (int)(sizeof isas / sizeof isas[0]); i++) {
         flashc_backend_config cfg;
         flashc_backend_config_init(&cfg);
         cfg.num_threads = 3; /* more than one, and not a power of two */

@@ -310,7 +310,7 @@ static void run_kv(flashc_backend *cpu, flashc_backend *ref, const char *isa, co
 
 int main(void)
 {
-    const char *sets[] = {"generic", "avx2", "avx512", "amx"};
+    const char *sets[] = TEST_CPU_SETS;
     flashc_backend *ref = NULL;
     CHECK(flashc_backend_create("reference", NULL, &ref) == FLASHC_OK, "reference backend: %s",
           flashc_last_error());

@@ -30,6 +30,10 @@ extern int test_checks;
 /* Prints "<name>: N checks, M failed" and returns the process exit code. */
 int test_finish(const char *name);
 
+/* The CPU micro-kernel sets by name, for the tests that run each one this processor
+ * supports (flashc_cpu_pick_kernels says which). */
+#define TEST_CPU_SETS {"generic", "avx2", "avx512", "amx", "neon"}
+
 /* ---- random numbers -------------------------------------------------------------------- */
 
 typedef struct test_rng {
