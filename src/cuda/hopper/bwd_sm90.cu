@@ -735,6 +735,21 @@ static size_t sm90b_align(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
+/* CTAs of the main kernel's grid: key blocks (of the longest sequence, for a varlen batch) x
+ * kv heads x batch or sequences. */
+static long long sm90b_grid_ctas(const fc_sm90_bwd_args *a)
+{
+    const int varlen = a->cu_seqlens_q != NULL;
+    const long long k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
+    return (k_rows + SM90B_BN - 1) / SM90B_BN * a->heads_kv * (varlen ? a->num_seqs : a->batch);
+}
+
+/* A GQA group is split over CTAs only on grids smaller than this (above the SM count of any
+ * sm_90 part, 144 at most), so the fp32 dK and dV of a split cover at most
+ * SM90B_SPLIT_CTAS x 128 key rows (32 MiB at head dim 128), and a large problem, which never
+ * splits, reserves none. */
+#define SM90B_SPLIT_CTAS 256
+
 static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
 {
     sm90_bwd_ws w;
@@ -753,7 +768,8 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
     w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
     /* the fp32 dK and dV of a split GQA group (never split in deterministic mode) */
-    const int may_split = a->heads_kv > 0 && a->heads_q / a->heads_kv > 1 && !a->deterministic;
+    const int may_split = a->heads_kv > 0 && a->heads_q / a->heads_kv > 1 && !a->deterministic &&
+                          sm90b_grid_ctas(a) < SM90B_SPLIT_CTAS;
     w.total = w.kv_off + (may_split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
     return w;
 }
@@ -809,10 +825,11 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
  * dK and dV summed in registers) unless the grid of ctas CTAs leaves SMs idle; then the
  * smallest divisor of the group that fills them, or the whole group. Never in deterministic
  * mode, whose dK and dV must not depend on the order of fp32 additions. */
-static int sm90b_group_split(const fc_sm90_bwd_args *a, long long ctas)
+static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
     const int group = a->heads_q / a->heads_kv;
-    if (group <= 1 || a->deterministic) return 1;
+    const long long ctas = sm90b_grid_ctas(a);
+    if (group <= 1 || a->deterministic || ctas >= SM90B_SPLIT_CTAS) return 1;
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
@@ -907,7 +924,7 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     if (err != cudaSuccess) return err;
     const int k_blocks = (k_rows + SM90B_BN - 1) / SM90B_BN;
     p.heads_kv = a->heads_kv;
-    p.hsplit = sm90b_group_split(a, (long long)k_blocks * a->heads_kv * seqs);
+    p.hsplit = sm90b_group_split(a);
     if (p.hsplit > 1) {
         p.dk_acc = (float *)(ws + w->kv_off);
         p.dv_acc = p.dk_acc + (size_t)a->batch * a->seqlen_k * a->heads_kv * D;
