@@ -1,6 +1,7 @@
 /*
- * cpu_features.c - cpuid and xgetbv probing (x86-64), so that SIMD paths are chosen at run
- * time and one binary runs on any processor of the architecture.
+ * cpu_features.c - cpuid and xgetbv probing (x86-64) and the hardware capabilities the
+ * kernel reports (AArch64), so that SIMD paths are chosen at run time and one binary runs on
+ * any processor of the architecture.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -9,6 +10,9 @@
 
 #if defined(__linux__)
 #include <sched.h>
+#if defined(__aarch64__)
+#include <sys/auxv.h> /* getauxval, HWCAP2_BF16 */
+#endif
 #endif
 
 #include "cpu/cpu_features.h"
@@ -56,6 +60,9 @@ static void probe(flashc_cpu_features *f)
 {
 #if defined(__aarch64__)
     f->neon = 1;
+#if defined(__linux__) && defined(HWCAP2_BF16)
+    f->neon_bf16 = (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#endif
 #endif
 }
 #endif
@@ -85,7 +92,7 @@ void flashc_cpu_features_string(char *buf, size_t size)
                 {"avx512f", f->avx512f},   {"avx512bw", f->avx512bw}, {"avx512vl", f->avx512vl},
                 {"avx512bf16", f->avx512bf16}, {"avx512fp16", f->avx512fp16},
                 {"amx-tile", f->amx_tile}, {"amx-bf16", f->amx_bf16}, {"amx-fp16", f->amx_fp16},
-                {"neon", f->neon}};
+                {"neon", f->neon},         {"bf16", f->neon_bf16}};
     size_t used = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {

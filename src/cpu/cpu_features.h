@@ -10,7 +10,7 @@ typedef struct flashc_cpu_features {
     int avx2, fma, f16c;
     int avx512f, avx512bw, avx512vl, avx512bf16, avx512fp16;
     int amx_tile, amx_bf16, amx_fp16;
-    int neon;
+    int neon, neon_bf16; /* AArch64: Advanced SIMD, and its BF16 extension (BFDOT, BFCVT) */
 } flashc_cpu_features;
 
 /* The features of this machine (computed once, thread-safe). */
