@@ -599,39 +599,6 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
  * Two barriers per step: after the cp.async wait (the stage is in, and every warp is past the
  * previous step's reads of P, dS and the other stage, which the prefetch then refills), and
  * after P and dS are written. */
-/* acc = A B^T over the head dim on one warp's SMT x SNT tile of m16n8 fragments: A is rows
- * a_row0 .. a_row0 + 16 SMT of the [rows][P] 16-bit tile sA, B rows b_row0 .. b_row0 + 8 SNT
- * of sB (both head-dim contiguous, so B's rows are the product's columns). */
-template <int D, int SMT, int SNT, int P, int BF16>
-static __device__ __forceinline__ void warp_gemm_abt(float (&acc)[SMT][SNT][4], const uint16_t *sA, int a_row0,
-                                                     const uint16_t *sB, int b_row0, int lane)
-{
-#pragma unroll
-    for (int mt = 0; mt < SMT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[mt][nt][r] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t af[SMT][4];
-#pragma unroll
-        for (int mt = 0; mt < SMT; mt++)
-            ldmatrix_x4(af[mt], smem_addr(sA + (a_row0 + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-        for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
-            uint32_t bf[4];
-            ldmatrix_x4(bf, smem_addr(sB + (b_row0 + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
-                                      ((lane >> 3) & 1) * 8));
-#pragma unroll
-            for (int mt = 0; mt < SMT; mt++) {
-                mma_16816<BF16>(acc[mt][2 * nt2], af[mt], bf[0], bf[1]);
-                mma_16816<BF16>(acc[mt][2 * nt2 + 1], af[mt], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
 template <int D, int BM, int BN, int WMS, int WKV, int WMQ, int BF16>
 __global__ void __launch_bounds__(256, 1)
 fc_bwd_tiled_kernel(const fc_bwd_args a)
@@ -720,7 +687,30 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
 
         /* S = Q K^T on this warp's MS x NS tile */
         float s[SMT][SNT][4];
-        warp_gemm_abt<D, SMT, SNT, P, BF16>(s, sQs, m0s, sK, n0s, lane);
+#pragma unroll
+        for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) s[mt][nt][r] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[SMT][4];
+#pragma unroll
+            for (int mt = 0; mt < SMT; mt++)
+                ldmatrix_x4(qa[mt], smem_addr(sQs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
+                uint32_t kb[4];
+                ldmatrix_x4(kb, smem_addr(sK + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
+                                          ((lane >> 3) & 1) * 8));
+#pragma unroll
+                for (int mt = 0; mt < SMT; mt++) {
+                    mma_16816<BF16>(s[mt][2 * nt2], qa[mt], kb[0], kb[1]);
+                    mma_16816<BF16>(s[mt][2 * nt2 + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
 
         /* P = exp2(S * scale log2 e - lse2[query]), masked; to shared memory as 16 bits */
         const bool need_mask = n0 + BN > a.seqlen_k || (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
@@ -748,7 +738,30 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
         /* dP = dO V^T on the same tile; dS = P * (dP - delta[query]) to shared memory */
         {
             float dp[SMT][SNT][4];
-            warp_gemm_abt<D, SMT, SNT, P, BF16>(dp, sdOs, m0s, sV, n0s, lane);
+#pragma unroll
+            for (int mt = 0; mt < SMT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) dp[mt][nt][r] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t oa[SMT][4];
+#pragma unroll
+                for (int mt = 0; mt < SMT; mt++)
+                    ldmatrix_x4(oa[mt], smem_addr(sdOs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
+                    uint32_t vb[4];
+                    ldmatrix_x4(vb, smem_addr(sV + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
+                                              ((lane >> 3) & 1) * 8));
+#pragma unroll
+                    for (int mt = 0; mt < SMT; mt++) {
+                        mma_16816<BF16>(dp[mt][2 * nt2], oa[mt], vb[0], vb[1]);
+                        mma_16816<BF16>(dp[mt][2 * nt2 + 1], oa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
 #pragma unroll
             for (int mt = 0; mt < SMT; mt++)
 #pragma unroll
