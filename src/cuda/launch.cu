@@ -349,6 +349,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     h.scale = pr->scale;
     h.causal = pr->causal;
     h.deterministic = pr->deterministic != 0;
+    h.num_sms = s->num_sms;
     FC_SM90_FEATURES(h, pr);
     FC_SM90_VARLEN(h, pr);
     if (!fc_sm90_backward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;

@@ -829,14 +829,8 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
     const int group = a->heads_q / a->heads_kv;
     const long long ctas = sm90b_grid_ctas(a);
-    if (group <= 1 || a->deterministic || ctas >= SM90B_SPLIT_CTAS) return 1;
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
-        cudaGetLastError(); /* no split then; the error is not the call's */
-        return 1;
-    }
-    if (ctas >= sms) return 1;
+    const int sms = a->num_sms;
+    if (group <= 1 || a->deterministic || ctas >= SM90B_SPLIT_CTAS || ctas >= sms) return 1;
     for (int d = 2; d <= group; d++)
         if (group % d == 0 && (ctas * d >= sms || d == group)) return d;
     return 1;
