@@ -108,6 +108,8 @@ static __device__ __forceinline__ bool cache_offset(const int32_t *block_table, 
  * cache_seqlens[b] + t of sequence b. */
 __global__ void __launch_bounds__(256) fc_append_kernel(const fc_append_args a)
 {
+    pdl_wait();
+    pdl_launch_dependents();
     const int ch_per_row = a.head_dim / 8;
     const int64_t total = (int64_t)a.batch * a.seqlen_new * a.heads_kv * ch_per_row;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
@@ -178,6 +180,10 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
     const int g = lane >> 2, t4 = lane & 3;
     const int chunk = blockIdx.x % a.chunks, split = blockIdx.x / a.chunks;
     const int hk = blockIdx.y, b = blockIdx.z;
+    /* launched as a dependent of the append (or of whatever ran before): it may start early,
+     * and the combine after it may start as soon as every CTA of this grid is running */
+    pdl_wait();
+    pdl_launch_dependents();
     const int L = seq_len(a.cache_seqlens, b, a.seqlen_new, a.capacity);
     const int off = a.causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : L - a.nq;
     const int ks = split * a.split_keys;
@@ -429,31 +435,47 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
 /* ---- split combine ----------------------------------------------------------------------- */
 
 #define COMBINE_WARPS 4
-#define COMBINE_BATCH 16
+#define COMBINE_SPLITS_PER_WARP (FLASHC_KVCACHE_MAX_SPLITS / COMBINE_WARPS)
 
-/* One warp per output row (b, i, h): the splits' partial O weighted by exp(lse_s - lse). */
+/* One CTA per output row (b, i, h), warp w taking splits [16w, 16w + 16): the splits' partial
+ * O weighted by exp(lse_s - lse). Every load a row needs - its LSEs and the partial rows of
+ * the warp's splits - is issued before the first is used, so a row costs one L2 round trip
+ * (at batch 1 the combine is on the critical path of every call). */
 template <int BF16>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(const fc_decode_args a)
 {
-    __shared__ float wsh[COMBINE_WARPS][FLASHC_KVCACHE_MAX_SPLITS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t rows = (int64_t)a.batch * a.nq * a.heads_q;
-    const int64_t r = (int64_t)blockIdx.x * COMBINE_WARPS + warp;
-    if (r >= rows) return;
+    __shared__ float weight[FLASHC_KVCACHE_MAX_SPLITS];
+    __shared__ float4 partial[COMBINE_WARPS][32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t r = blockIdx.x;
     const int h = (int)(r % a.heads_q), i = (int)((r / a.heads_q) % a.nq),
               b = (int)(r / ((int64_t)a.heads_q * a.nq));
     const int64_t bstride = (int64_t)a.batch * a.heads_q * a.nq;
     const int64_t lrow = ((int64_t)b * a.heads_q + h) * a.nq + i;
-    float l0 = lane < a.splits ? a.part_lse[lane * bstride + lrow] : -INFINITY;
-    float l1 = lane + 32 < a.splits ? a.part_lse[(lane + 32) * bstride + lrow] : -INFINITY;
+    const int64_t ostride = bstride * a.head_dim; /* floats between one split and the next */
+    const float *po = a.part_o + (((int64_t)b * a.nq + i) * a.heads_q + h) * a.head_dim;
+    uint16_t *orow = a.o + b * a.o_sb + i * a.o_ss + h * a.o_sh;
+    const int s0 = warp * COMBINE_SPLITS_PER_WARP;
+    pdl_wait();
+    pdl_launch_dependents();
+
+    /* the first 128 columns of the warp's splits (an empty split's row was never written: it
+     * is read but never used), and every split's LSE */
+    float4 x[COMBINE_SPLITS_PER_WARP];
+#pragma unroll
+    for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
+        x[u] = s0 + u < a.splits && lane * 4 < a.head_dim ? *(const float4 *)(po + (s0 + u) * ostride + lane * 4)
+                                                          : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float l0 = lane < a.splits ? a.part_lse[lane * bstride + lrow] : -INFINITY;
+    const float l1 = lane + 32 < a.splits ? a.part_lse[(lane + 32) * bstride + lrow] : -INFINITY;
+
     float m = fmaxf(l0, l1);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    uint16_t *orow = a.o + b * a.o_sb + i * a.o_ss + h * a.o_sh;
-    float *lse = a.lse + b * a.lse_sb + h * a.lse_sh + i * a.lse_ss;
-    if (m == -INFINITY) { /* no split saw a key */
-        for (int col = lane * 4; col < a.head_dim; col += 128) *(uint2 *)(orow + col) = make_uint2(0, 0);
-        if (lane == 0) *lse = -INFINITY;
+    if (m == -INFINITY) { /* no split saw a key (the same in every warp) */
+        for (int col = tid * 4; col < a.head_dim; col += COMBINE_WARPS * 128)
+            *(uint2 *)(orow + col) = make_uint2(0, 0);
+        if (tid == 0) a.lse[b * a.lse_sb + h * a.lse_sh + i * a.lse_ss] = -INFINITY;
         return;
     }
     const float w0 = l0 == -INFINITY ? 0.0f : expf(l0 - m);
@@ -461,39 +483,66 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
     float sum = w0 + w1;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = 1.0f / sum;
-    wsh[warp][lane] = w0 * inv;
-    wsh[warp][lane + 32] = w1 * inv;
-    __syncwarp();
-    const int64_t ostride = bstride * a.head_dim; /* floats between one split and the next */
-    const float *po = a.part_o + (((int64_t)b * a.nq + i) * a.heads_q + h) * a.head_dim;
-    for (int col = lane * 4; col < a.head_dim; col += 128) {
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        /* COMBINE_BATCH loads in flight before the first is used: one after the other, the
-         * splits' rows cost an L2 round trip each, which at batch 1 was most of the call */
-        for (int s0 = 0; s0 < a.splits; s0 += COMBINE_BATCH) {
-            float4 x[COMBINE_BATCH];
-            float w[COMBINE_BATCH];
-#pragma unroll
-            for (int u = 0; u < COMBINE_BATCH; u++) {
-                const int s = s0 + u;
-                w[u] = s < a.splits ? wsh[warp][s] : 0.0f;
-                /* an empty split's O is never written: not read, not used */
-                x[u] = w[u] != 0.0f ? *(const float4 *)(po + s * ostride + col)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int u = 0; u < COMBINE_BATCH; u++)
-                if (w[u] != 0.0f)
-                    acc.x += w[u] * x[u].x, acc.y += w[u] * x[u].y, acc.z += w[u] * x[u].z,
-                        acc.w += w[u] * x[u].w;
-        }
-        uint2 v;
-        v.x = pack2<BF16>(acc.x, acc.y);
-        v.y = pack2<BF16>(acc.z, acc.w);
-        *(uint2 *)(orow + col) = v;
+    if (warp == 0) {
+        const float inv = 1.0f / sum;
+        weight[lane] = w0 * inv;
+        weight[lane + 32] = w1 * inv;
+        if (lane == 0) a.lse[b * a.lse_sb + h * a.lse_sh + i * a.lse_ss] = m + logf(sum);
     }
-    if (lane == 0) *lse = m + logf(sum);
+    __syncthreads();
+    float w[COMBINE_SPLITS_PER_WARP];
+#pragma unroll
+    for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++) w[u] = weight[s0 + u];
+
+    for (int c0 = 0; c0 < a.head_dim; c0 += 128) {
+        const int col = c0 + lane * 4;
+        if (c0 > 0) {
+#pragma unroll
+            for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
+                x[u] = s0 + u < a.splits && col < a.head_dim ? *(const float4 *)(po + (s0 + u) * ostride + col)
+                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
+            if (w[u] != 0.0f)
+                acc.x += w[u] * x[u].x, acc.y += w[u] * x[u].y, acc.z += w[u] * x[u].z,
+                    acc.w += w[u] * x[u].w;
+        partial[warp][lane] = acc;
+        __syncthreads();
+        if (warp == 0 && col < a.head_dim) {
+#pragma unroll
+            for (int v = 1; v < COMBINE_WARPS; v++) {
+                const float4 y = partial[v][lane];
+                acc.x += y.x, acc.y += y.y, acc.z += y.z, acc.w += y.w;
+            }
+            uint2 o;
+            o.x = pack2<BF16>(acc.x, acc.y);
+            o.y = pack2<BF16>(acc.z, acc.w);
+            *(uint2 *)(orow + col) = o;
+        }
+        __syncthreads();
+    }
+}
+
+/* Launches kernel<<<grid, threads, smem, stream>>>(args); on sm_90 and later as a
+ * programmatic dependent launch (see pdl_wait), so that the launch of each of the call's
+ * kernels overlaps the end of the one before. */
+template <typename Args>
+static cudaError_t launch_dependent(void (*kernel)(Args), dim3 grid, int threads, size_t smem,
+                                    cudaStream_t stream, int programmatic, const Args &args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = programmatic ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args);
 }
 
 /* ---- host -------------------------------------------------------------------------------- */
@@ -691,6 +740,7 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
         a.part_lse = (float *)(ws + o_bytes);
     }
 
+    const int pdl = s->sm_major >= 9;
     const char *what = "append kernel launch";
     if (pr->seqlen_new > 0) {
         fc_append_args ap;
@@ -715,28 +765,21 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
         int64_t blocks = (chunks16 + 255) / 256;
         const int64_t most = (int64_t)s->num_sms * 16;
         blocks = blocks > most ? most : (blocks < 1 ? 1 : blocks);
-        fc_append_kernel<<<(unsigned)blocks, 256, 0, stream>>>(ap);
-        err = cudaGetLastError();
+        err = launch_dependent(fc_append_kernel, dim3((unsigned)blocks), 256, 0, stream, pdl, ap);
     }
     if (err == cudaSuccess) {
         what = "decode kernel launch";
         dim3 grid((unsigned)(splits * a.chunks), (unsigned)a.heads_kv, (unsigned)a.batch);
-        kern.fn<<<grid, DEC_THREADS, kern.smem, stream>>>(a);
-        err = cudaGetLastError();
+        err = launch_dependent(kern.fn, grid, DEC_THREADS, kern.smem, stream, pdl, a);
     }
     if (err == cudaSuccess && splits > 1) {
         what = "split combine kernel launch";
         const int64_t rows = bp->batch * bp->seqlen_q * bp->heads_q;
-        const int64_t blocks = (rows + COMBINE_WARPS - 1) / COMBINE_WARPS;
-        if (blocks > 0x7fffffffLL) {
+        if (rows > 0x7fffffffLL)
             err = cudaErrorInvalidConfiguration;
-        } else if (bf16) {
-            fc_decode_combine_kernel<1><<<(unsigned)blocks, COMBINE_WARPS * 32, 0, stream>>>(a);
-            err = cudaGetLastError();
-        } else {
-            fc_decode_combine_kernel<0><<<(unsigned)blocks, COMBINE_WARPS * 32, 0, stream>>>(a);
-            err = cudaGetLastError();
-        }
+        else
+            err = launch_dependent(bf16 ? fc_decode_combine_kernel<1> : fc_decode_combine_kernel<0>,
+                                   dim3((unsigned)rows), COMBINE_WARPS * 32, 0, stream, pdl, a);
     }
     if (ws) {
         cudaError_t err2 = cudaFreeAsync(ws, stream);

@@ -2,7 +2,8 @@
  * ptx.cuh - thin, named wrappers around the PTX instructions the sm_80 kernels use:
  * cp.async (global -> shared copies that bypass registers), ldmatrix (shared -> register
  * fragments in the tensor-core layout), mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate),
- * conversions between fp32 and 16-bit floats, and the fast exp2.
+ * conversions between fp32 and 16-bit floats, the fast exp2, and the two halves of a
+ * programmatic dependent launch (sm_90; nothing on sm_80).
  *
  * The fragment layouts of mma.sync m16n8k16, with g = lane / 4 and t = lane % 4:
  *   A (16 x 16, row-major), 4 registers of 2 halves:
@@ -26,6 +27,26 @@
 FC_DEVICE uint32_t smem_addr(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* ---- programmatic dependent launch ----------------------------------------------------
+ * A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while
+ * the kernel before it on the stream is still running. pdl_wait blocks until that kernel has
+ * finished and its writes are visible, so nothing the kernel reads may come before it;
+ * pdl_launch_dependents lets the kernel after this one start (it waits in turn). Both are
+ * no-ops when the kernel was launched the ordinary way, and on sm_80. */
+FC_DEVICE void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+FC_DEVICE void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 /* ---- cp.async --------------------------------------------------------------------------- */

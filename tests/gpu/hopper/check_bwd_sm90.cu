@@ -21,8 +21,8 @@
  *
  * Usage: check_bwd_sm90 [--check-only | --bench-only | --small]. --small runs only the cases
  * with at most 20000 scores per head, no timing (for compute-sanitizer). Exit status 0 when
- * every check passed; a kernel that does not finish within 30 s is reported as HANG and the
- * program exits 3.
+ * every check passed; a kernel that does not finish within 30 s (or FLASHC_HANG_SECONDS) is
+ * reported as HANG and the program exits 3.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sync_or_die.h"
 #include "../../../src/cuda/hopper/bwd_sm90.h"
 
 #define CK(x)                                                                               \
@@ -80,26 +81,6 @@ static float frand(void) /* uniform in [-1, 1) */
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
-}
-
-/* Waits for the device with a time limit, so that a deadlocked pipeline (or a semaphore that
- * never arrives) is reported instead of hanging the run. */
-static void sync_or_die(const char *what)
-{
-    const time_t t0 = time(NULL);
-    for (;;) {
-        cudaError_t e = cudaStreamQuery(0);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) {
-            fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(e));
-            exit(2);
-        }
-        if (time(NULL) - t0 > 30) {
-            printf("HANG %s: kernel did not finish in 30 s\n", what);
-            fflush(stdout);
-            exit(3);
-        }
-    }
 }
 
 /* ---- a parallel for over [0, n) on all cores ----------------------------------------------- */

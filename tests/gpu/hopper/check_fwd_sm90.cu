@@ -22,8 +22,8 @@
  *
  * Usage: check_fwd_sm90 [--check-only | --bench-only | --small]. --small runs the probe and the
  * cases with at most 1000 x 1000 scores per head, no timing (for compute-sanitizer, which is
- * slow). Exit status 0 when every check passed.
- * A kernel that does not finish within 30 s is reported as a hang and the program exits 3.
+ * slow). Exit status 0 when every check passed. A kernel that does not finish within 30 s (or
+ * FLASHC_HANG_SECONDS) is reported as a hang and the program exits 3.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sync_or_die.h"
 #include "../../../src/cuda/hopper/fwd_sm90.h"
 #include "../../../src/cuda/hopper/sm90_ptx.cuh"
 
@@ -83,25 +84,6 @@ static float frand(void) /* uniform in [-1, 1) */
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
-}
-
-/* Waits for the device with a time limit, so that a deadlocked pipeline is reported instead
- * of hanging the run. */
-static void sync_or_die(const char *what)
-{
-    const time_t t0 = time(NULL);
-    for (;;) {
-        cudaError_t e = cudaStreamQuery(0);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) {
-            fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(e));
-            exit(2);
-        }
-        if (time(NULL) - t0 > 30) {
-            fprintf(stderr, "HANG %s: kernel did not finish in 30 s\n", what);
-            exit(3);
-        }
-    }
 }
 
 /* ---- 1. wgmma layout probe ----------------------------------------------------------------
