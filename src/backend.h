@@ -280,6 +280,13 @@ static inline void *flashc_kvcache_row(const flashc_kvcache_problem *pr,
 int32_t flashc_kvcache_num_splits(int64_t tasks, int64_t max_len, int64_t units,
                                   int64_t min_keys);
 
+/* The GPU's choice, same arguments: the most splits whose CTAs still fit one wave (tasks x
+ * splits <= units), no split when the tasks already come near the units. At batch 1 a
+ * GPU's time is a wave's, so every unit left idle is bandwidth lost, while a few more
+ * partial rows to merge cost little. */
+int32_t flashc_kvcache_num_splits_one_wave(int64_t tasks, int64_t max_len, int64_t units,
+                                           int64_t min_keys);
+
 /* For host-memory backends: copies k_new / v_new into the cache slots (no-op without an
  * append). Called by a backend's op after its allocations, before it attends. */
 void flashc_host_kvcache_append(const flashc_kvcache_problem *pr, flashc_tensor *k_cache,

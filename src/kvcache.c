@@ -55,6 +55,19 @@ int32_t flashc_kvcache_num_splits(int64_t tasks, int64_t max_len, int64_t units,
     return 1;
 }
 
+int32_t flashc_kvcache_num_splits_one_wave(int64_t tasks, int64_t max_len, int64_t units,
+                                           int64_t min_keys)
+{
+    if (tasks < 1 || units < 1 || (double)tasks >= 0.8 * (double)units)
+        return 1;
+    int64_t most = min_keys > 0 ? max_len / min_keys : max_len;
+    if (most > FLASHC_KVCACHE_MAX_SPLITS)
+        most = FLASHC_KVCACHE_MAX_SPLITS;
+    const int64_t fit = units / tasks;
+    const int64_t s = fit < most ? fit : most;
+    return s < 1 ? 1 : (int32_t)s;
+}
+
 void flashc_host_kvcache_append(const flashc_kvcache_problem *pr, flashc_tensor *k_cache,
                                 flashc_tensor *v_cache, const flashc_tensor *k_new,
                                 const flashc_tensor *v_new)

@@ -709,11 +709,10 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
     /* split-KV: the device does not know the lengths without a copy, so the splits cut the
      * capacity (pr->max_len); a split past a sequence's end is a CTA that writes -inf */
     const int64_t tasks = bp->batch * bp->heads_kv * a.chunks;
-    int32_t splits = pr->num_splits > 0
-                         ? pr->num_splits
-                         : flashc_kvcache_num_splits(tasks, pr->max_len,
-                                                     (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1),
-                                                     DEC_MIN_SPLIT_KEYS);
+    const int64_t units = (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1);
+    int32_t splits = pr->num_splits > 0 ? pr->num_splits
+                                        : flashc_kvcache_num_splits_one_wave(tasks, pr->max_len, units,
+                                                                             DEC_MIN_SPLIT_KEYS);
     int64_t per = (pr->max_len + splits - 1) / splits;
     per = per < DEC_KT ? DEC_KT : (per + DEC_KT - 1) / DEC_KT * DEC_KT;
     splits = (int32_t)((pr->max_len + per - 1) / per);

@@ -396,7 +396,10 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
         memset(&h, 0, sizeof h);
         FC_SM90_SIZES(h, pr);
         FC_SM90_VARLEN(h, pr);
+        FC_SM90_FEATURES(h, pr);
+        h.causal = pr->causal;
         h.deterministic = pr->deterministic != 0;
+        h.num_sms = s->num_sms; /* the GQA split's fp32 dK and dV depend on it */
         if (fc_sm90_backward_smem_bytes(h.head_dim) != 0) {
             const size_t need = fc_sm90_backward_workspace_size(&h);
             if (need > total) total = need;

@@ -662,6 +662,13 @@ static void test_split_choice(void)
     CHECK(flashc_kvcache_num_splits(4, 1 << 20, 132, 128) >= 28, "132 SMs, 4 tasks");
     CHECK(flashc_kvcache_num_splits(1, 1 << 24, 1000, 1) <= FLASHC_KVCACHE_MAX_SPLITS,
           "capped at the maximum");
+    /* the GPU's: the most splits in one wave of 264 blocks (132 SMs x 2) */
+    CHECK(flashc_kvcache_num_splits_one_wave(4, 131072, 264, 128) == 64, "4 tasks: 64 splits");
+    CHECK(flashc_kvcache_num_splits_one_wave(16, 131072, 264, 128) == 16, "16 tasks: 16 splits");
+    CHECK(flashc_kvcache_num_splits_one_wave(64, 131072, 264, 128) == 4, "64 tasks: 4 splits");
+    CHECK(flashc_kvcache_num_splits_one_wave(4, 4096, 264, 128) == 32, "4096 keys: 32 of 128");
+    CHECK(flashc_kvcache_num_splits_one_wave(4, 200, 264, 128) == 1, "short cache: no split");
+    CHECK(flashc_kvcache_num_splits_one_wave(256, 131072, 264, 128) == 1, "a wave already");
 }
 
 int main(void)

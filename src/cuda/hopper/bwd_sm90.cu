@@ -34,9 +34,10 @@
  *      zero-fills rows outside the tensor), give P = 0 and so contribute nothing. dK is
  *      scaled by the softmax scale in the epilogue; dK and dV are stored directly (rows past
  *      seqlen_k skipped). GQA: the CTA walks all query heads of its kv head, so dK and dV sum
- *      the group in registers, deterministically; when that grid would leave SMs idle (and
- *      not in deterministic mode) the group's query heads are split over several CTAs, which
- *      add their dK and dV into fp32 accumulators instead (sm90b_group_split).
+ *      the group in registers, deterministically; when the heaviest CTA would outlast the
+ *      rest of the grid (and not in deterministic mode) the group's query heads are split
+ *      over several CTAs, which add their dK and dV into fp32 accumulators instead
+ *      (sm90b_group_split).
  *
  * 3. fc_sm90_bwd_post: dQ = scale * accumulator, to 16 bits, from the fragment order back to
  *    [row][column]; with a split group, fc_sm90_bwd_kv_post converts dK and dV likewise.
@@ -735,20 +736,43 @@ static size_t sm90b_align(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-/* CTAs of the main kernel's grid: key blocks (of the longest sequence, for a varlen batch) x
- * kv heads x batch or sequences. */
-static long long sm90b_grid_ctas(const fc_sm90_bwd_args *a)
+/* How many CTAs share the query heads of one kv head's group: 1 (the CTA walks the group,
+ * dK and dV summed in registers) unless the CTA with the most work would outlast the grid's
+ * share of work per SM; then the smallest divisor of the group that brings it under that
+ * share, or the whole group. Work is counted in (query block x key block x query head)
+ * steps: the heaviest CTA is the first key block of the longest sequence, which every query
+ * block of it sees; the grid's work is a lower bound (a varlen batch's lengths are on the
+ * device: one sequence at the longest, the other tokens spread evenly over the rest), so an
+ * unequal batch splits when it may need to. Without causality this is the rule "split
+ * while the grid leaves SMs idle"; with it, a grid of fewer than two CTAs per SM splits,
+ * since its CTAs' work falls from the first key block to the last. Never in deterministic
+ * mode, whose dK and dV must not depend on the order of fp32 additions. */
+static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
-    const int varlen = a->cu_seqlens_q != NULL;
-    const long long k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
-    return (k_rows + SM90B_BN - 1) / SM90B_BN * a->heads_kv * (varlen ? a->num_seqs : a->batch);
+    const int group = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
+    if (group <= 1 || a->deterministic || a->num_sms <= 0) return 1;
+    const double bm = SM90B_BM(a->head_dim), bn = SM90B_BN;
+    /* a causal mask leaves at least about half of the blocks (a window: counted as none) */
+    const double live = a->causal && !a->window ? 0.5 : 1.0;
+    double heaviest, work;
+    if (a->cu_seqlens_q) {
+        const double mq = a->max_seqlen_q, mk = a->max_seqlen_k;
+        heaviest = ceil(mq / bm) * group;
+        work = ceil(mq / bm) * ceil(mk / bn);
+        const int rest = a->num_seqs - 1;
+        const double rq = (a->seqlen_q - mq) / (rest > 0 ? rest : 1), rk = (a->seqlen_k - mk) / (rest > 0 ? rest : 1);
+        if (rest > 0 && rq > 0 && rk > 0) work += rest * ceil(rq / bm) * ceil(rk / bn);
+        work *= live * group * a->heads_kv;
+    } else {
+        const double qb = ceil(a->seqlen_q / bm), kb = ceil(a->seqlen_k / bn);
+        heaviest = qb * group;
+        work = live * qb * kb * group * a->heads_kv * a->batch;
+    }
+    const double per_sm = work / a->num_sms;
+    for (int d = 1; d <= group; d++)
+        if (group % d == 0 && (heaviest / d <= per_sm || d == group)) return d;
+    return 1;
 }
-
-/* A GQA group is split over CTAs only on grids smaller than this (above the SM count of any
- * sm_90 part, 144 at most), so the fp32 dK and dV of a split cover at most
- * SM90B_SPLIT_CTAS x 128 key rows (32 MiB at head dim 128), and a large problem, which never
- * splits, reserves none. */
-#define SM90B_SPLIT_CTAS 256
 
 static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
 {
@@ -767,10 +791,9 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.acc_off = w.delta_off + sm90b_align(rows * 4);
     w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
     w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
-    /* the fp32 dK and dV of a split GQA group (never split in deterministic mode) */
-    const int may_split = a->heads_kv > 0 && a->heads_q / a->heads_kv > 1 && !a->deterministic &&
-                          sm90b_grid_ctas(a) < SM90B_SPLIT_CTAS;
-    w.total = w.kv_off + (may_split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
+    /* the fp32 dK and dV of a split GQA group: at most 2 / group of the dQ accumulator */
+    const int split = sm90b_group_split(a) > 1;
+    w.total = w.kv_off + (split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
     return w;
 }
 
@@ -818,21 +841,6 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     for (int i = 0; i < 8; i++)
         for (int d = 0; d < 3; d++)
             if (!sm90b_stride_ok(st[i][d], ext[i][d])) return 0;
-    return 1;
-}
-
-/* How many CTAs share the query heads of one kv head's group: 1 (the CTA walks the group,
- * dK and dV summed in registers) unless the grid of ctas CTAs leaves SMs idle; then the
- * smallest divisor of the group that fills them, or the whole group. Never in deterministic
- * mode, whose dK and dV must not depend on the order of fp32 additions. */
-static int sm90b_group_split(const fc_sm90_bwd_args *a)
-{
-    const int group = a->heads_q / a->heads_kv;
-    const long long ctas = sm90b_grid_ctas(a);
-    const int sms = a->num_sms;
-    if (group <= 1 || a->deterministic || ctas >= SM90B_SPLIT_CTAS || ctas >= sms) return 1;
-    for (int d = 2; d <= group; d++)
-        if (group % d == 0 && (ctas * d >= sms || d == group)) return d;
     return 1;
 }
 

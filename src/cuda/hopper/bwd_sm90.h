@@ -38,8 +38,8 @@ typedef struct fc_sm90_bwd_args {
     float scale;       /* softmax scale the forward used */
     int causal;        /* a flashc_causal: 0 none, 1 bottom-right, 2 top-left */
     int deterministic; /* 1: dQ summed in a fixed order, bitwise identical run to run */
-    int num_sms;       /* the device's SMs: a GQA group is split over CTAs only when a grid
-                          of fewer CTAs would leave SMs idle (0: never split) */
+    int num_sms;       /* the device's SMs: a GQA group is split over CTAs when its heaviest
+                          CTA would outlast the grid's work per SM (0: never split) */
     /* The features of flashc.h, as the forward took them (fwd_sm90.h). All off when the
      * struct is zeroed. */
     int window;                 /* nonzero: window_left / window_right apply */
