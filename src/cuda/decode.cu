@@ -24,6 +24,7 @@
  * caches is touched.
  */
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -136,16 +137,13 @@ __global__ void __launch_bounds__(256) fc_append_kernel(const fc_append_args a)
 
 /* ---- attention --------------------------------------------------------------------------- */
 
-/* The keys row `pair` of the CTA sees within its split [ks, ke): [*lo, *hi), the rules of
- * flashc_seq_key_range (backend.h) with Nk = L. Pairs past the group are empty. */
-static __device__ __forceinline__ void pair_range(const fc_decode_args &a, int pair, int L,
-                                                  int off, int ks, int ke, int *lo, int *hi)
+/* The keys query i (of the call's nq) sees within its split [ks, ke): [*lo, *hi), the rules
+ * of flashc_seq_key_range (backend.h) with Nk = L. Every pair of query i (its group's heads)
+ * shares them. */
+static __device__ __forceinline__ void query_range(const fc_decode_args &a, int i, int L, int off,
+                                                   int ks, int ke, int *lo, int *hi)
 {
-    if (pair >= a.rows_total) {
-        *lo = *hi = 0;
-        return;
-    }
-    const long long diag = (long long)(pair / a.group) + off;
+    const long long diag = (long long)i + off;
     long long s = 0, e = L;
     if (a.causal != FLASHC_CAUSAL_NONE && diag + 1 < e) e = diag + 1;
     if (a.window_right >= 0 && diag + a.window_right + 1 < e) e = diag + a.window_right + 1;
@@ -155,6 +153,17 @@ static __device__ __forceinline__ void pair_range(const fc_decode_args &a, int p
     if (s >= e) s = e = 0;
     *lo = (int)s;
     *hi = (int)e;
+}
+
+/* The same for row `pair` of the CTA; pairs past the group are empty. */
+static __device__ __forceinline__ void pair_range(const fc_decode_args &a, int pair, int L,
+                                                  int off, int ks, int ke, int *lo, int *hi)
+{
+    if (pair >= a.rows_total) {
+        *lo = *hi = 0;
+        return;
+    }
+    query_range(a, pair / a.group, L, off, ks, ke, lo, hi);
 }
 
 template <int D>
@@ -167,7 +176,10 @@ struct dec_config {
     static constexpr bool Q_IN_REGS = D <= 128;
 };
 
-template <int D, int BF16>
+/* MODS: the softcap and ALiBi code is compiled in (1) or left out (0): in the key loop every
+ * instruction counts, since with 8 warps per SM the loop's issue rate, not DRAM, is what
+ * limits a long split. */
+template <int D, int BF16, int MODS>
 __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_args a)
 {
     using C = dec_config<D>;
@@ -201,15 +213,20 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         *(uint4 *)(qs + r * P + ch * 8) = v;
     }
 
-    /* the key range of the CTA (union over its pairs), and this thread's rows g and g + 8 */
-    int jbeg = 0x7fffffff, jend = 0;
-    for (int r = 0; r < DEC_ROWS; r++) {
+    /* over the queries of the CTA's real pairs (a few: the pairs are a group's heads): the
+     * union of their key ranges, which the CTA walks, and their intersection - a tile inside
+     * [all_lo, all_hi) needs no mask (the padding pairs past the group are never stored) */
+    int jbeg = 0x7fffffff, jend = 0, all_lo = 0, all_hi = 0x7fffffff;
+    const int last_pair = (pair0 + DEC_ROWS < a.rows_total ? pair0 + DEC_ROWS : a.rows_total) - 1;
+    for (int i = pair0 / a.group; i <= last_pair / a.group; i++) {
         int lo, hi;
-        pair_range(a, pair0 + r, L, off, ks, ke, &lo, &hi);
+        query_range(a, i, L, off, ks, ke, &lo, &hi);
         if (lo < hi) {
             jbeg = lo < jbeg ? lo : jbeg;
             jend = hi > jend ? hi : jend;
         }
+        all_lo = lo > all_lo ? lo : all_lo;
+        all_hi = hi < all_hi ? hi : all_hi;
     }
     if (jend == 0) jbeg = 0;
     int rlo[2], rhi[2], rdiag[2];
@@ -220,7 +237,7 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         pair_range(a, pair, L, off, ks, ke, &rlo[k], &rhi[k]);
         rdiag[k] = pair / a.group + off;
         slope[k] = 0.0f;
-        if (a.alibi && pair < a.rows_total)
+        if (MODS && a.alibi && pair < a.rows_total)
             slope[k] = a.alibi[b * a.alibi_bstride + hk * a.group + pair % a.group];
     }
     __syncthreads();
@@ -243,29 +260,64 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
     const int mine = ntiles > warp ? (ntiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     uint16_t *wbase = stage_base + warp * STAGES * C::TILE_ELEMS;
 
-    /* issues the cp.async copies of this warp's tile `it` into stage st: lane r % 16 finds
-     * the cache rows of key j0 + r % 16, the others take them by shuffle */
+    /* issues the cp.async copies of this warp's tile `it` into stage st: the tile's 16 rows of
+     * CH 16-byte chunks, chunk c = lane + 32 i of row c / CH. A contiguous cache, or a paged
+     * one whose tile lies in one page (always, for tiles aligned to 16 keys), gives row r's
+     * offset as the tile's base + r x row stride; where CH divides 32 every lane keeps one
+     * column and steps a pointer down the rows. A tile across pages (a window that starts
+     * mid-page) looks each row's page up. */
+    constexpr int CHUNKS = DEC_KT * CH / 32; /* per lane */
     auto load_tile = [&](int it, int st) {
         const int j0 = jbeg + (warp + it * DEC_WARPS) * DEC_KT;
-        const int jr = j0 + (lane & (DEC_KT - 1));
-        int ok = jr < jend;
-        int64_t koff = 0, voff = 0;
-        if (ok) {
-            int64_t outer, slot;
-            ok = cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages, b, jr, &outer,
+        const uint32_t kd = smem_addr(wbase + st * C::TILE_ELEMS), vd = kd + DEC_KT * P * 2;
+        const int rows = jend - j0; /* rows of the tile that hold keys */
+        int64_t outer = b, slot = j0;
+        bool ok = true, straddles = false;
+        if (a.block_table) {
+            const int last = rows < DEC_KT ? jend - 1 : j0 + DEC_KT - 1;
+            straddles = (j0 >> a.page_shift) != (last >> a.page_shift);
+            ok = cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages, b, j0, &outer,
                               &slot);
-            koff = outer * a.k_sb + slot * a.k_ss + hk * a.k_sh;
-            voff = outer * a.v_sb + slot * a.v_ss + hk * a.v_sh;
         }
-        uint16_t *kd = wbase + st * C::TILE_ELEMS, *vd = kd + DEC_KT * P;
+        if (straddles) {
 #pragma unroll
-        for (int i = 0; i < DEC_KT * CH / 32; i++) {
-            const int c = lane + 32 * i, r = c / CH, ch = c % CH;
-            const int64_t ko = __shfl_sync(0xffffffffu, koff, r);
-            const int64_t vo = __shfl_sync(0xffffffffu, voff, r);
-            const int v = __shfl_sync(0xffffffffu, ok, r) && ch * 8 < a.head_dim;
-            cp_async_16(smem_addr(kd + r * P + ch * 8), v ? a.kc + ko + ch * 8 : a.kc, v);
-            cp_async_16(smem_addr(vd + r * P + ch * 8), v ? a.vc + vo + ch * 8 : a.vc, v);
+            for (int i = 0; i < CHUNKS; i++) {
+                const int c = lane + 32 * i, r = c / CH, col = (c % CH) * 8, jr = j0 + r;
+                int64_t o = 0, sl = 0;
+                const int v = col < a.head_dim && jr < jend &&
+                              cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages,
+                                           b, jr, &o, &sl);
+                const uint32_t sm = (r * P + col) * 2;
+                cp_async_16(kd + sm, v ? a.kc + o * a.k_sb + sl * a.k_ss + hk * a.k_sh + col : a.kc, v);
+                cp_async_16(vd + sm, v ? a.vc + o * a.v_sb + sl * a.v_ss + hk * a.v_sh + col : a.vc, v);
+            }
+            return;
+        }
+        const uint16_t *k_tile = a.kc + outer * a.k_sb + slot * a.k_ss + hk * a.k_sh;
+        const uint16_t *v_tile = a.vc + outer * a.v_sb + slot * a.v_ss + hk * a.v_sh;
+        if constexpr (32 % CH == 0) {
+            constexpr int ROW_STEP = 32 / CH;
+            const int r0 = lane / CH, col = (lane % CH) * 8;
+            const bool col_ok = ok && col < a.head_dim;
+            const uint16_t *kp = k_tile + r0 * a.k_ss + col, *vp = v_tile + r0 * a.v_ss + col;
+            const uint32_t sm = (r0 * P + col) * 2;
+#pragma unroll
+            for (int i = 0; i < CHUNKS; i++) {
+                const int v = col_ok && r0 + ROW_STEP * i < rows;
+                cp_async_16(kd + sm + i * ROW_STEP * P * 2, v ? kp : a.kc, v);
+                cp_async_16(vd + sm + i * ROW_STEP * P * 2, v ? vp : a.vc, v);
+                kp += ROW_STEP * a.k_ss;
+                vp += ROW_STEP * a.v_ss;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < CHUNKS; i++) {
+                const int c = lane + 32 * i, r = c / CH, col = (c % CH) * 8;
+                const int v = ok && col < a.head_dim && r < rows;
+                const uint32_t sm = (r * P + col) * 2;
+                cp_async_16(kd + sm, v ? k_tile + r * a.k_ss + col : a.kc, v);
+                cp_async_16(vd + sm, v ? v_tile + r * a.v_ss + col : a.vc, v);
+            }
         }
     };
 
@@ -274,8 +326,8 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         if (s < mine) load_tile(s, s);
         cp_async_commit();
     }
-    const float cap = a.softcap;
-    const int alibi = a.alibi != NULL;
+    const float cap = MODS ? a.softcap : 0.0f;
+    const int alibi = MODS && a.alibi != NULL;
     for (int it = 0; it < mine; it++) {
         if (it + STAGES - 1 < mine) load_tile(it + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
@@ -303,6 +355,10 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         }
 
         /* scale, softcap, ALiBi, mask; then into the log2 domain */
+        /* a tile every real row sees whole needs no mask (bounds that pass every key) */
+        const bool unmasked = j0 >= all_lo && j0 + DEC_KT <= all_hi;
+        const int mlo[2] = {unmasked ? INT_MIN : rlo[0], unmasked ? INT_MIN : rlo[1]};
+        const int mhi[2] = {unmasked ? INT_MAX : rhi[0], unmasked ? INT_MAX : rhi[1]};
         float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < 2; n++)
@@ -310,12 +366,14 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
             for (int e = 0; e < 4; e++) {
                 const int k = e >> 1, j = j0 + n * 8 + 2 * t4 + (e & 1);
                 float x = sacc[n][e] * a.scale;
-                if (cap > 0.0f) x = cap * tanhf(x / cap);
-                if (alibi) {
-                    const int dist = rdiag[k] - j;
-                    x -= slope[k] * (float)(dist < 0 ? -dist : dist);
+                if constexpr (MODS != 0) {
+                    if (cap > 0.0f) x = cap * tanhf(x / cap);
+                    if (alibi) {
+                        const int dist = rdiag[k] - j;
+                        x -= slope[k] * (float)(dist < 0 ? -dist : dist);
+                    }
                 }
-                x = (j >= rlo[k] && j < rhi[k]) ? x * DEC_LOG2E : -INFINITY;
+                x = ((j >= mlo[k]) & (j < mhi[k])) ? x * DEC_LOG2E : -INFINITY;
                 sacc[n][e] = x;
                 tmax[k] = fmaxf(tmax[k], x);
             }
@@ -335,10 +393,13 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
             }
             row_l[k] = row_l[k] * alpha[k] + sum;
         }
+        /* once the running maxima settle, most tiles leave them alone: skip the rescale */
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            oacc[n][0] *= alpha[0], oacc[n][1] *= alpha[0];
-            oacc[n][2] *= alpha[1], oacc[n][3] *= alpha[1];
+            for (int n = 0; n < D / 8; n++) {
+                oacc[n][0] *= alpha[0], oacc[n][1] *= alpha[0];
+                oacc[n][2] *= alpha[1], oacc[n][3] *= alpha[1];
+            }
         }
 
         /* O += P V: P (two S tiles) is the A operand as it stands */
@@ -555,26 +616,27 @@ typedef struct decode_kernel {
 } decode_kernel;
 
 template <int D>
-static decode_kernel pick_d(int bf16)
+static decode_kernel pick_d(int bf16, int mods)
 {
     decode_kernel k;
-    k.fn = bf16 ? fc_decode_kernel<D, 1> : fc_decode_kernel<D, 0>;
+    k.fn = mods ? (bf16 ? fc_decode_kernel<D, 1, 1> : fc_decode_kernel<D, 0, 1>)
+                : (bf16 ? fc_decode_kernel<D, 1, 0> : fc_decode_kernel<D, 0, 0>);
     k.smem = dec_config<D>::SMEM;
     return k;
 }
 
 /* The compiled head dim that serves head_dim (a multiple of 8 up to 256; the extra
  * columns are zero-filled and never stored), or a kernel with fn NULL. */
-static decode_kernel pick_kernel(int head_dim, int bf16)
+static decode_kernel pick_kernel(int head_dim, int bf16, int mods)
 {
     decode_kernel none = {NULL, 0};
     if (head_dim <= 0 || head_dim % 8 != 0) return none;
-    if (head_dim <= 32) return pick_d<32>(bf16);
-    if (head_dim <= 64) return pick_d<64>(bf16);
-    if (head_dim <= 96) return pick_d<96>(bf16);
-    if (head_dim <= 128) return pick_d<128>(bf16);
-    if (head_dim <= 192) return pick_d<192>(bf16);
-    if (head_dim <= 256) return pick_d<256>(bf16);
+    if (head_dim <= 32) return pick_d<32>(bf16, mods);
+    if (head_dim <= 64) return pick_d<64>(bf16, mods);
+    if (head_dim <= 96) return pick_d<96>(bf16, mods);
+    if (head_dim <= 128) return pick_d<128>(bf16, mods);
+    if (head_dim <= 192) return pick_d<192>(bf16, mods);
+    if (head_dim <= 256) return pick_d<256>(bf16, mods);
     return none;
 }
 
@@ -623,7 +685,8 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
     if (bp->out_dtype != bp->dtype)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: out must have q's dtype");
     const int bf16 = bp->dtype == FLASHC_BF16;
-    const decode_kernel kern = pick_kernel((int)bp->head_dim, bf16);
+    const int mods = (bp->features & (FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI)) != 0;
+    const decode_kernel kern = pick_kernel((int)bp->head_dim, bf16, mods);
     if (!kern.fn)
         return flashc_error(FLASHC_ERROR_INVALID_HEAD_DIM,
                             "cuda: head_dim %lld is not served: the CUDA kernels need a multiple "
