@@ -1,6 +1,7 @@
 """flashc.torch on CUDA tensors: forward and gradients against torch's SDPA in float64 (and
 torch's own bf16/fp16 SDPA error beside flashc's, reported), both causal conventions, GQA
-and MQA, views, the current stream, CUDA graphs, torch.compile, and the errors.
+and MQA, views, the current stream, CUDA graphs, torch.compile, and the errors; decoding
+with flash_attn_with_kvcache from contiguous and paged CUDA caches against float64.
 
 Run on a machine with a GPU, after building libflashc with the CUDA backend:
     python3 -m pytest tests/gpu/test_python_cuda.py -q -s
@@ -194,6 +195,138 @@ def test_cuda_graph_capture_of_forward_and_backward():
     for name, got, want in zip(("out", "dq", "dk", "dv"), captured, step()):
         # The backward may sum in another order run to run (atomics): not bitwise.
         assert relative_error(got, want) <= 1e-3, name
+
+
+def decode_reference(q, k_cache, v_cache, table, lens, causal):
+    """float64 attention of each sequence's query rows over its cached keys [0, lens[b])
+    (gathered through the block table when paged), causal bottom-right; out, lse."""
+    batch, nq, heads_q, dim = q.shape
+    heads_kv = k_cache.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((batch, heads_q, nq), -math.inf, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        length = int(lens[b])
+        if table is None:
+            keys, values = k_cache[b, :length], v_cache[b, :length]
+        else:
+            page = k_cache.shape[1]
+            rows = torch.arange(length, device=q.device)
+            pages = table[b].long()[rows // page]
+            keys, values = k_cache[pages, rows % page], v_cache[pages, rows % page]
+        if length == 0:
+            continue
+        group = heads_q // heads_kv
+        k64 = keys.double().repeat_interleave(group, dim=1).transpose(0, 1)    # [Hq, L, D]
+        v64 = values.double().repeat_interleave(group, dim=1).transpose(0, 1)
+        q64 = q[b].double().transpose(0, 1)                                    # [Hq, nq, D]
+        scores = q64 @ k64.transpose(1, 2) / math.sqrt(dim)                    # [Hq, nq, L]
+        if causal:
+            rows_i = torch.arange(nq, device=q.device)[:, None] + (length - nq)
+            scores = scores.masked_fill(torch.arange(length, device=q.device)[None, :] > rows_i,
+                                        -math.inf)
+        row_lse = torch.logsumexp(scores, dim=-1)                              # [Hq, nq]
+        seen = torch.isfinite(row_lse)
+        probs = torch.where(seen[..., None], torch.exp(scores - row_lse[..., None]),
+                            torch.zeros_like(scores))
+        out[b] = (probs @ v64).transpose(0, 1)
+        lse[b] = row_lse
+    return out, lse
+
+
+@pytest.mark.parametrize("page", [0, 16, 256], ids=["contiguous", "page16", "page256"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_flash_attn_with_kvcache_against_float64(dtype, page):
+    """Decoding from CUDA caches: GQA 8:1, ragged lengths (0 included), an in-place append of
+    new keys, causal, the split-KV path forced and chosen, against float64."""
+    generator = torch.Generator(device=DEVICE).manual_seed(11)
+    batch, nq, heads_q, heads_kv, dim = 4, 2, 16, 2, 128
+    lens = [0, 5, 1000, 4097]
+    need = max(lens) + nq + 3
+    if page:
+        max_pages = -(-need // page)
+        table = torch.randperm(batch * max_pages + 3, device=DEVICE,
+                               generator=generator)[: batch * max_pages]
+        table = table.to(torch.int32).view(batch, max_pages)
+        shape = (batch * max_pages + 3, page, heads_kv, dim)
+    else:
+        table, shape = None, (batch, need, heads_kv, dim)
+    k_cache = torch.randn(shape, device=DEVICE, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, device=DEVICE, generator=generator).to(dtype)
+    # every slot at or past a sequence's cached length is NaN: the append must fill it before
+    # it is read, and what lies past the appended keys must never be read
+    capacity = table.shape[1] * page if page else need
+    positions = torch.arange(capacity, device=DEVICE)
+    for b, length in enumerate(lens):
+        unused = positions[length:]
+        where = (b, unused) if table is None else (table[b].long()[unused // page], unused % page)
+        k_cache[where] = math.nan
+        v_cache[where] = math.nan
+    if page:  # the pool's pages no table row names
+        named = torch.zeros(shape[0], dtype=torch.bool, device=DEVICE)
+        named[table.long().flatten()] = True
+        k_cache[~named] = math.nan
+        v_cache[~named] = math.nan
+    q = torch.randn(batch, nq, heads_q, dim, device=DEVICE, generator=generator).to(dtype)
+    k_new = torch.randn(batch, nq, heads_kv, dim, device=DEVICE, generator=generator).to(dtype)
+    v_new = torch.randn(batch, nq, heads_kv, dim, device=DEVICE, generator=generator).to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    for splits in (0, 5):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        out, lse = ft.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens,
+                                              block_table=table, causal=True,
+                                              num_splits=splits, return_softmax_lse=True)
+        # the append: the new rows are in the caches, at cache_seqlens[b] onwards
+        for b in range(batch):
+            for t in range(nq):
+                j = lens[b] + t
+                where = (b, j) if table is None else (int(table[b, j // page]), j % page)
+                assert torch.equal(kc[where], k_new[b, t]) and torch.equal(vc[where], v_new[b, t])
+        total = [length + nq for length in lens]
+        want, want_lse = decode_reference(q, kc, vc, table, total, causal=True)
+        assert torch.isfinite(out).all() and out.dtype == dtype
+        error = relative_error(out, want)
+        assert error <= TOLERANCE[dtype] * 1.5, "splits %d: out %.2e" % (splits, error)
+        assert (lse.double() - want_lse).abs().max().item() <= 2e-3, "splits %d: lse" % splits
+        REPORT.append("%-40s %-9s out %.1e" % ("kvcache page %d splits %d" % (page, splits),
+                                                str(dtype).replace("torch.", ""), error))
+
+
+def test_flash_attn_with_kvcache_graph_and_stream():
+    """A decode step captured in a CUDA graph, replayed on new queries, equals the eager
+    call; and an eager call on a side stream waits for that stream's earlier work."""
+    generator = torch.Generator(device=DEVICE).manual_seed(12)
+    k_cache = torch.randn(2, 8192, 4, 128, device=DEVICE, generator=generator).bfloat16()
+    v_cache = torch.randn(2, 8192, 4, 128, device=DEVICE, generator=generator).bfloat16()
+    q = torch.randn(2, 1, 32, 128, device=DEVICE, generator=generator).bfloat16()
+    seqlens = torch.tensor([8000, 333], dtype=torch.int32, device=DEVICE)
+
+    def step():
+        return ft.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, step(), rtol=0, atol=0)
+
+    expected = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        q_late = q.clone()
+        out = ft.flash_attn_with_kvcache(q_late, k_cache, v_cache, cache_seqlens=seqlens)
+    side.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "cudagraphs"])
