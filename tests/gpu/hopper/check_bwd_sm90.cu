@@ -36,52 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sync_or_die.h"
+#include "check_util.h"
 #include "../../../src/cuda/hopper/bwd_sm90.h"
-
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
-
-static uint16_t to16(float x, int bf16)
-{
-    uint16_t u;
-    if (bf16) {
-        __nv_bfloat16 h = __float2bfloat16_rn(x);
-        memcpy(&u, &h, 2);
-    } else {
-        __half h = __float2half_rn(x);
-        memcpy(&u, &h, 2);
-    }
-    return u;
-}
-
-static float from16(uint16_t u, int bf16)
-{
-    if (bf16) {
-        uint32_t w = (uint32_t)u << 16;
-        float f;
-        memcpy(&f, &w, 4);
-        return f;
-    }
-    __half h;
-    memcpy(&h, &u, 2);
-    return __half2float(h);
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static float frand(void) /* uniform in [-1, 1) */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
-}
 
 /* ---- a parallel for over [0, n) on all cores ----------------------------------------------- */
 

@@ -1,0 +1,92 @@
+/*
+ * check_util.h - what the standalone Hopper checks share: the CUDA error check, host
+ * conversions to and from fp16/bf16 bit patterns, the xorshift generator of their inputs, and
+ * waiting for the device with a time limit: a deadlocked pipeline (or a semaphore that never
+ * arrives) is reported as HANG and the program exits 3, instead of hanging the run. The limit
+ * is 30 s, or FLASHC_HANG_SECONDS: under compute-sanitizer's racecheck every shared-memory
+ * access is instrumented and a kernel that takes milliseconds can take minutes.
+ */
+#ifndef FLASHC_TESTS_CHECK_UTIL_H
+#define FLASHC_TESTS_CHECK_UTIL_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+static uint16_t to16(float x, int bf16)
+{
+    if (bf16) {
+        __nv_bfloat16 h = __float2bfloat16_rn(x);
+        uint16_t u;
+        memcpy(&u, &h, 2);
+        return u;
+    }
+    __half h = __float2half_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+static float from16(uint16_t u, int bf16)
+{
+    if (bf16) {
+        uint32_t w = (uint32_t)u << 16;
+        float f;
+        memcpy(&f, &w, 4);
+        return f;
+    }
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+
+static long hang_limit_seconds(void)
+{
+    const char *env = getenv("FLASHC_HANG_SECONDS");
+    const long s = env ? strtol(env, NULL, 10) : 0;
+    return s > 0 ? s : 30;
+}
+
+static void sync_or_die(const char *what)
+{
+    const time_t t0 = time(NULL);
+    const long limit = hang_limit_seconds();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(0);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(e));
+            exit(2);
+        }
+        if (time(NULL) - t0 > limit) {
+            printf("HANG %s: kernel did not finish in %ld s\n", what, limit);
+            fflush(stdout);
+            exit(3);
+        }
+    }
+}
+
+#endif
