@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
     pdl_wait();
     pdl_launch_dependents();
 
-    /* the first 128 columns of the warp's splits (an empty split's row was never written: it
-     * is read but never used), and every split's LSE */
+    /* the first 128 columns of the warp's splits (a split that saw no key wrote zeros and has
+     * weight 0: read, never used), and every split's LSE */
     float4 x[COMBINE_SPLITS_PER_WARP];
 #pragma unroll
     for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
@@ -588,11 +588,19 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
 
 /* Launches kernel<<<grid, threads, smem, stream>>>(args); on sm_90 and later as a
  * programmatic dependent launch (see pdl_wait), so that the launch of each of the call's
- * kernels overlaps the end of the one before. */
+ * kernels overlaps the end of the one before. Only code compiled for sm_90 or later waits
+ * (pdl_wait is empty below it): a library built for sm_80 alone, run on Hopper through the
+ * sm_80 PTX, launches the ordinary way. */
 template <typename Args>
 static cudaError_t launch_dependent(void (*kernel)(Args), dim3 grid, int threads, size_t smem,
                                     cudaStream_t stream, int programmatic, const Args &args)
 {
+    if (programmatic) {
+        cudaFuncAttributes fa;
+        const cudaError_t query = cudaFuncGetAttributes(&fa, (const void *)kernel);
+        if (query != cudaSuccess) cudaGetLastError(); /* it only means an ordinary launch */
+        programmatic = query == cudaSuccess && fa.ptxVersion >= 90;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3((unsigned)threads);

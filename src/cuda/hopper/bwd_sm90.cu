@@ -791,7 +791,7 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.acc_off = w.delta_off + sm90b_align(rows * 4);
     w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
     w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
-    /* the fp32 dK and dV of a split GQA group: at most 2 / group of the dQ accumulator */
+    /* the fp32 dK and dV of a split GQA group: 2 x seqlen_k x heads_kv x head_dim floats */
     const int split = sm90b_group_split(a) > 1;
     w.total = w.kv_off + (split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
     return w;
