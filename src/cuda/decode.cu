@@ -288,8 +288,10 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
                               cache_offset(a.block_table, a.bt_stride, a.page_shift, a.num_pages,
                                            b, jr, &o, &sl);
                 const uint32_t sm = (r * P + col) * 2;
-                cp_async_16(kd + sm, v ? a.kc + o * a.k_sb + sl * a.k_ss + hk * a.k_sh + col : a.kc, v);
-                cp_async_16(vd + sm, v ? a.vc + o * a.v_sb + sl * a.v_ss + hk * a.v_sh + col : a.vc, v);
+                cp_async_16(kd + sm,
+                            v ? a.kc + o * a.k_sb + sl * a.k_ss + hk * a.k_sh + col : a.kc, v);
+                cp_async_16(vd + sm,
+                            v ? a.vc + o * a.v_sb + sl * a.v_ss + hk * a.v_sh + col : a.vc, v);
             }
             return;
         }
@@ -503,7 +505,8 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
  * the warp's splits - is issued before the first is used, so a row costs one L2 round trip
  * (at batch 1 the combine is on the critical path of every call). */
 template <int BF16>
-__global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(const fc_decode_args a)
+__global__ void __launch_bounds__(COMBINE_WARPS * 32)
+fc_decode_combine_kernel(const fc_decode_args a)
 {
     __shared__ float weight[FLASHC_KVCACHE_MAX_SPLITS];
     __shared__ float4 partial[COMBINE_WARPS][32];
@@ -525,8 +528,9 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
     float4 x[COMBINE_SPLITS_PER_WARP];
 #pragma unroll
     for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
-        x[u] = s0 + u < a.splits && lane * 4 < a.head_dim ? *(const float4 *)(po + (s0 + u) * ostride + lane * 4)
-                                                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[u] = s0 + u < a.splits && lane * 4 < a.head_dim
+                   ? *(const float4 *)(po + (s0 + u) * ostride + lane * 4)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
     const float l0 = lane < a.splits ? a.part_lse[lane * bstride + lrow] : -INFINITY;
     const float l1 = lane + 32 < a.splits ? a.part_lse[(lane + 32) * bstride + lrow] : -INFINITY;
 
@@ -560,8 +564,9 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) fc_decode_combine_kernel(c
         if (c0 > 0) {
 #pragma unroll
             for (int u = 0; u < COMBINE_SPLITS_PER_WARP; u++)
-                x[u] = s0 + u < a.splits && col < a.head_dim ? *(const float4 *)(po + (s0 + u) * ostride + col)
-                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+                x[u] = s0 + u < a.splits && col < a.head_dim
+                           ? *(const float4 *)(po + (s0 + u) * ostride + col)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -781,9 +786,10 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
      * capacity (pr->max_len); a split past a sequence's end is a CTA that writes -inf */
     const int64_t tasks = bp->batch * bp->heads_kv * a.chunks;
     const int64_t units = (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1);
-    int32_t splits = pr->num_splits > 0 ? pr->num_splits
-                                        : flashc_kvcache_num_splits_one_wave(tasks, pr->max_len, units,
-                                                                             DEC_MIN_SPLIT_KEYS);
+    int32_t splits = pr->num_splits > 0
+                         ? pr->num_splits
+                         : flashc_kvcache_num_splits_one_wave(tasks, pr->max_len, units,
+                                                              DEC_MIN_SPLIT_KEYS);
     int64_t per = (pr->max_len + splits - 1) / splits;
     per = per < DEC_KT ? DEC_KT : (per + DEC_KT - 1) / DEC_KT * DEC_KT;
     splits = (int32_t)((pr->max_len + per - 1) / per);
