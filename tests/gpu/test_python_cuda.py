@@ -170,6 +170,22 @@ def test_runs_on_the_current_stream():
     torch.testing.assert_close(grad_q, grad_expected, rtol=1e-3, atol=1e-3)
 
 
+def capture(step):
+    """step() captured in a CUDA graph after two warm-up calls on a side stream (backend
+    set-up and the allocator stay outside the capture): the graph and step's captured
+    outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured
+
+
 def test_cuda_graph_capture_of_forward_and_backward():
     q, k, v, dout = sdpa_inputs(2, 8, 2, 256, 256, 64, torch.bfloat16, seed=3)
 
@@ -177,15 +193,7 @@ def test_cuda_graph_capture_of_forward_and_backward():
         out = ft.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return (out,) + torch.autograd.grad(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture: backend set-up, allocator
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     # New inputs, written in place into the captured tensors, then a replay.
     with torch.no_grad():
         for x in (q, k, v, dout):
@@ -303,15 +311,7 @@ def test_flash_attn_with_kvcache_graph_and_stream():
     def step():
         return ft.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     with torch.no_grad():
         q.copy_(torch.randn_like(q))
     graph.replay()
