@@ -101,7 +101,7 @@ def desc(t, dtype=None):
 class FlashcCall:
     """Prepared forward and backward calls on fixed tensors, so timing sees only the call."""
 
-    def __init__(self, fc, q, k, v, do, causal, deterministic=0):
+    def __init__(self, fc, q, k, v, do, causal, deterministic=0, dropout_p=0.0):
         self.fc = fc
         B, N, H, D = q.shape
         self.o = torch.empty_like(q)
@@ -111,6 +111,8 @@ class FlashcCall:
         fc.lib.flashc_params_init_sized(ctypes.byref(self.p), ctypes.sizeof(Params))
         self.p.causal = 1 if causal else 0
         self.p.deterministic = deterministic
+        self.p.dropout_p = dropout_p
+        self.p.dropout_seed = 2026
         self.bind(q, k, v, do)
 
     def bind(self, q, k, v, do):
@@ -161,12 +163,12 @@ PEERS = [("FA2", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTI
          ("mem-eff", SDPBackend.EFFICIENT_ATTENTION)]
 
 
-def time_sdpa(backend, q, k, v, do, causal):
+def time_sdpa(backend, q, k, v, do, causal, dropout_p=0.0):
     """q, k, v: [B, N, H, D]; SDPA sees the [B, H, N, D] views (no copies)."""
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
     dot = do.transpose(1, 2)
     with sdpa_kernel([backend]):
-        f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: E731
+        f = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, dropout_p=dropout_p)  # noqa: E731
         try:
             out = f()
         except RuntimeError as e:
@@ -210,6 +212,8 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--peers", default="FA2,cuDNN,mem-eff", help="SDPA backends to time beside flashc")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout probability for flashc and the peers (no flex, no diff: the masks differ)")
     ap.add_argument("--mma", action="store_true",
                     help="also time flashc with its mma.sync kernels forced (the portable path)")
     args = ap.parse_args()
@@ -237,27 +241,28 @@ def main():
                 for N in seqlens:
                     B = max(1, 16384 // N)
                     q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dt) for _ in range(4))
-                    call = FlashcCall(fc, q, k, v, do, causal, 1 if args.deterministic else 0)
+                    call = FlashcCall(fc, q, k, v, do, causal, 1 if args.deterministic else 0, args.dropout)
                     call.forward()
                     torch.cuda.synchronize()
                     fl = flops_fwd(B, H, N, D, causal)
                     r = {"dtype": dname, "D": D, "causal": causal, "N": N, "B": B, "H": H}
                     r["flashc"] = (fl / bench_ms(call.forward) / 1e9, 2.5 * fl / bench_ms(call.backward) / 1e9)
                     if fc_mma:
-                        mc = FlashcCall(fc_mma, q, k, v, do, causal, 1 if args.deterministic else 0)
+                        mc = FlashcCall(fc_mma, q, k, v, do, causal, 1 if args.deterministic else 0, args.dropout)
                         r["mma"] = (fl / bench_ms(mc.forward) / 1e9, 2.5 * fl / bench_ms(mc.backward) / 1e9)
                         del mc
                     for name, be in ([] if args.only_flashc else peers):
-                        fwd, bwd, out, err = time_sdpa(be, q, k, v, do, causal)
+                        fwd, bwd, out, err = time_sdpa(be, q, k, v, do, causal, args.dropout)
                         if err:
                             r[name] = (None, None)
                             continue
                         r[name] = (fl / fwd / 1e9, 2.5 * fl / bwd / 1e9)
-                        if name == "FA2":
+                        if name == "FA2" and not args.dropout:
                             ref = out.float()
                             r["diff_fa2"] = ((call.o.float() - ref).norm() / ref.norm()).item()
                         del out
-                    use_flex = (not args.no_flex and not args.only_flashc and D == 128 and dname == "bf16"
+                    use_flex = (not args.no_flex and not args.only_flashc and not args.dropout and D == 128
+                                and dname == "bf16"
                                 and N in (4096, 16384))
                     if use_flex:
                         try:
@@ -281,12 +286,13 @@ def main():
 def write_results(rows, args, gpu, ceiling, description):
     os.makedirs(args.out, exist_ok=True)
     date = datetime.date.today().isoformat()
-    tag = f"{date}-{gpu.replace(' ', '_')}-{args.commit}"
+    tag = f"{date}-{gpu.replace(' ', '_')}-{args.commit}" + (f"-dropout{args.dropout:g}" if args.dropout else "")
     peers = ["FA2", "cuDNN", "mem-eff", "flex"]
     has_mma = any("mma" in r for r in rows)
     f = lambda x: "" if x is None else f"{x:.0f}"  # noqa: E731
     lines = [f"# flashc CUDA benchmark, {date}", "",
-             f"GPU: {gpu}; flashc commit {args.commit}; {description}; torch {torch.__version__}.",
+             f"GPU: {gpu}; flashc commit {args.commit}; {description}; torch {torch.__version__}." +
+             (f" Dropout p = {args.dropout:g} on every call (flashc and the peers)." if args.dropout else ""),
              f"cuBLAS bf16 GEMM (8192^3, same run): **{ceiling:.0f} TFLOP/s** (the ceiling).", "",
              "TFLOP/s, forward / backward (4 B H N^2 D forward, x0.5 causal, x2.5 backward); median of "
              "timed runs after warm-up (CUDA events). 16k tokens per batch, hidden 2048. "

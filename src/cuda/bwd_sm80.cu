@@ -348,7 +348,7 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
             const float slope2 = fc_alibi_slope2(a.f, b, h);
             const float pv_scale = a.f.dropout_on ? a.f.drop_scale : 1.f;
             if (a.f.dropout_on)
-                fc_keep_cols<QT>(a.f, fc_drop_word(a.f, b, h, a.heads_q), n0 + key_row0 + g, m0,
+                fc_keep_cols<QT>(fc_drop_of(a.f), fc_drop_word(a.f, b, h, a.heads_q), n0 + key_row0 + g, m0,
                                  lane, keep);
 #pragma unroll
             for (int qt = 0; qt < QT; qt++) {
@@ -1037,7 +1037,7 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
         if constexpr (FEAT) {
             const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
             uint32_t keep[2] = {0xffffffffu, 0xffffffffu};
-            if (a.f.dropout_on) fc_keep_rows<NTILE>(a.f, drop_w, m0 + row_base + g, n0, t, keep);
+            if (a.f.dropout_on) fc_keep_rows<NTILE>(fc_drop_of(a.f), drop_w, m0 + row_base + g, n0, t, keep);
             const float dscale = a.f.dropout_on ? a.f.drop_scale : 1.f;
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {

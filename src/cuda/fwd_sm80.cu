@@ -311,7 +311,7 @@ fc_fwd_kernel(const fc_fwd_args a)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 uint32_t keep[2];
-                fc_keep_rows<NTILE>(a.f, drop_w, m0 + warp_row0 + mt * 16 + g, n0, t, keep);
+                fc_keep_rows<NTILE>(fc_drop_of(a.f), drop_w, m0 + warp_row0 + mt * 16 + g, n0, t, keep);
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
 #pragma unroll

@@ -179,15 +179,15 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
 
 #ifdef FLASHC_HAVE_SM90
 /* The features the Hopper kernels compute themselves (their feature instantiations): window,
- * softcap, ALiBi and varlen, forward and backward; dropout calls go to mma.sync. */
+ * softcap, ALiBi, varlen and dropout, forward and backward. */
 static int sm90_serves_features(const flashc_problem *pr)
 {
-    const uint32_t served =
-        FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI | FLASHC_FEATURE_VARLEN;
+    const uint32_t served = FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI |
+                            FLASHC_FEATURE_VARLEN | FLASHC_FEATURE_DROPOUT;
     return (pr->features & ~served) == 0;
 }
 
-/* The window, softcap and ALiBi of pr in the Hopper argument struct a (forward or backward,
+/* The window, softcap, ALiBi and dropout of pr in the Hopper argument struct a (forward or backward,
  * whose feature fields have the same names). */
 #define FC_SM90_FEATURES(a, pr)                                                              \
     do {                                                                                     \
@@ -197,6 +197,12 @@ static int sm90_serves_features(const flashc_problem *pr)
         (a).softcap = ((pr)->features & FLASHC_FEATURE_SOFTCAP) ? (pr)->softcap : 0.0f;      \
         (a).alibi_slopes = ((pr)->features & FLASHC_FEATURE_ALIBI) ? (pr)->alibi_slopes : NULL; \
         (a).alibi_batch_stride = (pr)->alibi_batch_stride;                                   \
+        if ((pr)->features & FLASHC_FEATURE_DROPOUT) {                                       \
+            (a).dropout_p = (pr)->dropout_p;                                                 \
+            (a).dropout_threshold = (pr)->dropout_threshold;                                 \
+            (a).dropout_seed = (pr)->dropout_seed;                                           \
+            (a).dropout_offset = (pr)->dropout_offset;                                       \
+        }                                                                                    \
     } while (0)
 
 /* The varlen batch of pr in a Hopper argument struct (fields named alike in both). */

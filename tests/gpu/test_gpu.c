@@ -590,8 +590,8 @@ static void build_grid(int small)
         c = add_case(FLASHC_F16, 2, 77, 140, 2, 2, 128, 0, LAYOUT_BSHD);
         c->window_left = 9, c->window_right = 0;
         name_case(c, "small feat");
-        /* without dropout the Hopper kernels take these: the varlen forward (d64, d128) with
-         * every other feature on, and the feature forward and backward */
+        /* the Hopper kernels with their feature paths: the varlen forward (d64, d128) with
+         * every feature on, the feature forward and backward, and dropout alone */
         for (int i = 0; i < 2; i++) {
             c = add_varlen(i ? FLASHC_BF16 : FLASHC_F16, 4, lq, lk, 2, 1, 64 << i, 1, LAYOUT_PADDED);
             c->window_left = 30, c->window_right = 2, c->softcap = 8.0f, c->alibi = 1, c->max_given = i;
@@ -601,6 +601,9 @@ static void build_grid(int small)
         c = add_case(FLASHC_BF16, 1, 130, 200, 2, 1, 64, 1, LAYOUT_PADDED);
         c->softcap = 6.0f, c->alibi = 2;
         name_case(c, "small hopper feat");
+        c = add_case(FLASHC_F16, 1, 150, 150, 2, 2, 128, 0, LAYOUT_BSHD);
+        set_dropout(c, 0.25f, 5, 77);
+        name_case(c, "small hopper dropout");
         return;
     }
     /* odd sizes over every head dim, causal modes, both dtypes; GQA 2:1 */

@@ -60,6 +60,7 @@
 #include "bwd_sm90.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
+#include "../dropout.cuh"
 #include "../varlen.cuh"
 
 #define SM90B_BN 128      /* keys per CTA: 64 per consumer warpgroup */
@@ -109,6 +110,12 @@ typedef struct sm90_bwd_params {
      * hsplit 1: the CTA walks the whole group and stores dK, dV itself. */
     int hsplit, heads_kv;
     float *dk_acc, *dv_acc;
+    /* Dropout (FEAT >= 1): the forward's keep bits regenerated for P^T (word drop_offset +
+     * b * heads_q + h); dV = drop_scale (P^T Z) dO, dS^T = P^T (drop_scale Z dP^T - delta). */
+    int drop_on;
+    fc_drop drop;
+    uint64_t drop_offset;
+    float drop_scale;
 } sm90_bwd_params;
 
 /* The sequence of a CTA: query rows q0 .. q0 + nq of the tensors' batch tb against keys
@@ -261,10 +268,10 @@ static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off,
     *(uint32_t *)((uint16_t *)base + off) = sm90_pack2<BF16>(x, y);
 }
 
-/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
- * sm90_bwd_params behind uniform run-time branches: the CTA walks only the query blocks in
- * its key block's band, and the scores get the forward's transform and band mask; dS gets
- * the softcap's derivative 1 - tanh^2. FEAT = 2 is FEAT = 1 over a variable-length batch
+/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap, ALiBi and
+ * dropout of sm90_bwd_params behind uniform run-time branches: the CTA walks only the query
+ * blocks in its key block's band, and the scores get the forward's transform and band mask;
+ * dS gets the softcap's derivative 1 - tanh^2, dP and P the forward's keep bits. FEAT = 2 is FEAT = 1 over a variable-length batch
  * (CTA batch b is sequence b). Its blocks may reach into the next sequence's rows: the K, V
  * rows past the sequence's keys and the Q, dO rows past its queries are zeroed in shared
  * memory before use (so that a zero P or dS never meets the neighbour's inf or NaN), and the
@@ -504,9 +511,24 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                             sc[j] = p0, sc[j + 1] = p1;
                         }
                 }
+                /* Dropout: the keep bits of this 64 x 64 block while dP^T is still being
+                 * computed; dP^T becomes Z dP^T / (1 - p) (so that dS^T below is the dropout
+                 * backward's), and the packed P^T loses its dropped entries (dV is scaled by
+                 * 1 / (1 - p) in the epilogue). Register j is key row kr_l + 8 ((j >> 1) & 1),
+                 * query column 8 (j >> 2) + qc_l + (j & 1): bit 4 (j >> 2) of keep[2 ((j >> 1)
+                 * & 1) + (j & 1)]. */
+                uint32_t keep[4];
+                if (FEAT && p.drop_on)
+                    fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
+                                         m0, lane, keep);
+#define SM90B_KEPT(j_) ((keep[2 * (((j_) >> 1) & 1) + ((j_) & 1)] >> (4 * ((j_) >> 2))) & 1)
                 uint32_t pf[BM / 16][4], dsf[BM / 16][4];
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(dp);
+                if (FEAT && p.drop_on) {
+#pragma unroll
+                    for (int j = 0; j < BM / 2; j++) dp[j] = SM90B_KEPT(j) ? dp[j] * p.drop_scale : 0.f;
+                }
                 if (late) {
                     /* x = softcap tanh - slope |i + SM90B_OFF - j| (log2 domain), P^T = exp2(x -
                      * lse2), dS^T = P^T (dP^T - delta) (1 - tanh^2) */
@@ -545,6 +567,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                             dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
                         }
                 }
+                if (FEAT && p.drop_on) {
+#pragma unroll
+                    for (int j = 0; j < BM / 2; j += 2)
+                        pf[j >> 3][(j >> 1) & 3] &= (SM90B_KEPT(j) ? 0xffffu : 0u) | (SM90B_KEPT(j + 1) ? 0xffff0000u : 0u);
+                }
+#undef SM90B_KEPT
 #undef SM90B_DIST
 #undef SM90B_HIDDEN
                 /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
@@ -622,6 +650,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }
 
         /* ---------------- epilogue: dK (scaled) and dV, 16-bit, straight to global ---------------- */
+        if (FEAT && p.drop_on) {
+#pragma unroll
+            for (int j = 0; j < D / 2; j++) dv[j] *= p.drop_scale;
+        }
 #pragma unroll
         for (int j = 0; j < D / 2; j += 2) {
             const int key = kw0 + kr_l + 8 * ((j >> 1) & 1);
@@ -817,6 +849,7 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     if (a->causal < 0 || a->causal > 2) return 0;
     if (a->window && (a->window_left < -1 || a->window_right < -1)) return 0;
     if (!(a->softcap >= 0.f) || !isfinite(a->softcap)) return 0;
+    if (!(a->dropout_p >= 0.f && a->dropout_p < 1.f)) return 0;
     if (a->alibi_slopes && ((uintptr_t)a->alibi_slopes % 4 != 0 || a->alibi_batch_stride < 0)) return 0;
     if (a->batch < 1 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
     if (a->heads_kv < 1 || a->heads_q % a->heads_kv != 0) return 0;
@@ -920,6 +953,11 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
         if (p.transform) p.scale_log2 = 1.f;
         p.top_left = a->causal == 2, p.max_q = a->max_seqlen_q;
         p.cu_q = a->cu_seqlens_q, p.cu_k = a->cu_seqlens_k;
+        p.drop_on = a->dropout_p > 0.f;
+        p.drop.seed = a->dropout_seed;
+        p.drop.threshold = a->dropout_threshold;
+        p.drop_offset = a->dropout_offset;
+        p.drop_scale = p.drop_on ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.f;
     }
     const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
     err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -970,10 +1008,10 @@ cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
     const sm90_bwd_ws w = sm90b_workspace(a);
     if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
         return cudaErrorInvalidValue;
-    /* a window, a softcap or ALiBi selects the feature kernel, a varlen batch its own
-     * instantiation of it; causal alone stays plain */
+    /* a window, a softcap, ALiBi or dropout selects the feature kernel, a varlen batch its
+     * own instantiation of it; causal alone stays plain */
     const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
-                     a->alibi_slopes != NULL;
+                     a->alibi_slopes != NULL || a->dropout_p > 0.f;
     const int varlen = a->cu_seqlens_q != NULL;
 #define SM90B_GO(D_, F_) \
     return a->bf16 ? sm90b_launch<D_, 1, F_>(a, &w, stream) : sm90b_launch<D_, 0, F_>(a, &w, stream)

@@ -55,6 +55,10 @@ typedef struct fc_sm90_bwd_args {
      * grids. NULL: fixed lengths. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
     int num_seqs, max_seqlen_q, max_seqlen_k;
+    /* Dropout on P (flashc.h's flashc_dropout_keep): off while dropout_p is 0. */
+    float dropout_p;            /* in [0, 1) */
+    uint32_t dropout_threshold; /* keep when the Philox draw >= this */
+    uint64_t dropout_seed, dropout_offset;
 } fc_sm90_bwd_args;
 
 /* 1 when fc_sm90_backward serves this call on a device of compute capability

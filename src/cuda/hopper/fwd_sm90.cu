@@ -51,6 +51,7 @@
 #include "fwd_sm90.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
+#include "../dropout.cuh"
 #include "../varlen.cuh"
 
 /* What the kernel needs besides the tensor maps. */
@@ -93,6 +94,12 @@ typedef struct sm90_fwd_feat {
     uint16_t *o;
     int64_t o_sb, o_ss, o_sh;
     int head_dim;
+    /* Dropout: the keep bits of P in the Philox layout of flashc.h, word drop_offset +
+     * b * heads_q + h; O is scaled by drop_scale = 1 / (1 - p) in the epilogue. */
+    int drop_on;
+    fc_drop drop;
+    uint64_t drop_offset;
+    float drop_scale;
 } sm90_fwd_feat;
 
 /* The sequence of a tile: its rows q0 .. q0 + nq of the tensors' batch tb against keys
@@ -325,6 +332,23 @@ static __device__ __forceinline__ void sm90_mask(float (&s)[BN / 2], int n0, int
     }
 }
 
+/* Dropout on a block of P, after its row sums (which stay those of the undropped softmax, as
+ * the LSE does): the dropped entries of rows row0 and row0 + 8 of tile (b, h) become 0, the
+ * kept ones get their 1 / (1 - p) once, in the epilogue. */
+template <int BN>
+static __device__ __forceinline__ void sm90_dropout(float (&s)[BN / 2], const sm90_fwd_feat &f,
+                                                    const sm90_fwd_params &p, int b, int h,
+                                                    int row0, int n0, int lane)
+{
+    static_assert(BN <= 128, "two keep bits per 8-key tile in 32 bits");
+    const uint64_t w = f.drop_offset + (uint64_t)((int64_t)b * p.heads_q + h);
+    uint32_t keep[2];
+    fc_keep_rows<BN / 8>(f.drop, w, row0, n0, lane & 3, keep);
+#pragma unroll
+    for (int j = 0; j < BN / 2; j++)
+        if (!((keep[(j >> 1) & 1] >> (2 * (j >> 2) + (j & 1))) & 1)) s[j] = 0.f;
+}
+
 template <int BN, int BF16>
 static __device__ __forceinline__ void sm90_pack_p(uint32_t (&pf)[BN / 16][4],
                                                    const float (&s)[BN / 2])
@@ -394,9 +418,10 @@ static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f,
     }
 }
 
-/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap and ALiBi of
- * sm90_fwd_params behind uniform run-time branches: the key loop covers the tile's band
- * only, and each block's scores are transformed and band-masked before the softmax. FEAT = 2
+/* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap, ALiBi and
+ * dropout of sm90_fwd_feat behind uniform run-time branches: the key loop covers the tile's
+ * band only, each block's scores are transformed and band-masked before the softmax, and its
+ * P loses the dropped entries after it. FEAT = 2
  * is FEAT = 1 over a variable-length batch (its own instantiation: the per-sequence bounds
  * live in registers, which the fixed-length kernels read from the parameters instead). */
 template <int D, int BN, int STAGES, int BF16, int FEAT>
@@ -595,6 +620,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
 
                 for (int i = 1; i < n_blocks; i++) {
                     /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
@@ -631,6 +657,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
+                    if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
                 /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
@@ -669,7 +696,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const float sum = sm90_quad_sum(l[hr]);
-                inv[hr] = sum > 0.f ? 1.f / sum : 0.f;
+                inv[hr] = sum > 0.f ? (FEAT && f.drop_on ? f.drop_scale : 1.f) / sum : 0.f;
                 lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
             }
             /* O in 16 bits into this warpgroup's 64 rows of the Q tile (its last reader, S = Q K^T,
@@ -762,6 +789,7 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     if (a->causal < 0 || a->causal > 2) return 0;
     if (a->window && (a->window_left < -1 || a->window_right < -1)) return 0;
     if (!(a->softcap >= 0.f) || !isfinite(a->softcap)) return 0;
+    if (!(a->dropout_p >= 0.f && a->dropout_p < 1.f)) return 0;
     if (a->alibi_slopes && ((uintptr_t)a->alibi_slopes % 4 != 0 || a->alibi_batch_stride < 0))
         return 0;
     if (a->batch < 0 || a->batch > 65535 || a->heads_q < 1 || a->heads_q > 65535) return 0;
@@ -876,7 +904,8 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     /* The features: a window, a softcap or ALiBi selects the feature kernel; causal alone
      * stays on the plain one. */
     const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
-    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL || varlen;
+    const int dropout = a->dropout_p > 0.f;
+    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL || varlen || dropout;
     sm90_fwd_feat f;
     memset(&f, 0, sizeof f);
     if (feat) {
@@ -906,6 +935,11 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
         f.o = (uint16_t *)a->o;
         f.o_sb = a->o_sb, f.o_ss = a->o_ss, f.o_sh = a->o_sh;
         f.head_dim = a->head_dim;
+        f.drop_on = dropout;
+        f.drop.seed = a->dropout_seed;
+        f.drop.threshold = a->dropout_threshold;
+        f.drop_offset = a->dropout_offset;
+        f.drop_scale = dropout ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.f;
     }
 #define X(D_, BN_, ST_)                                                                   \
     if (fc_sm90_kernel_head_dim(a->head_dim) == D_) {                                     \
