@@ -2,25 +2,32 @@
  * cpu_backward.c - the FlashAttention-2 backward on the CPU, recomputing P from the LSE.
  *
  * Pass 0 packs, per (batch, kv head) and key block, K^T and V^T panels (for S = Q K^T and
- * dP = dO V^T) and K rows (for dQ += dS K). Then, for a query block i and key block j:
+ * dP = dO V^T) and K rows (for dQ += dS K), and per (batch, query head) and query block the Q
+ * and dO operands, with delta. Then, for a query block i and key block j:
  *     P = exp(scale S - LSE), dS = P (dP - delta),  delta = rowsum(dO * O)
  *     dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
  * and dK, dQ are multiplied by scale at the end. Masked entries have P = dS = 0 whatever
  * dP holds, and a key block whose K holds a NaN or inf takes dS K through the product that
  * skips zero entries (cpu_nonfinite.c), so keys a row cannot see never reach its gradients.
  *
+ * The key blocks of each sequence are split into up to four key chunks, a split fixed by the
+ * shape alone. dQ_i is summed chunk by chunk: each chunk's partial sum over its key blocks j
+ * ascending, from zero, then the partials added in chunk order.
+ *
  * Two schedules, chosen from the shape and thread count, giving bitwise the same result:
- *   one pass: one task per (batch, kv head) walks its query heads h, query blocks i and
- *     visible key blocks j in that order, with dK and dV of the whole head in its scratch:
- *     five block products per (i, j). Used when there are enough (batch, kv head) tasks to
- *     keep every thread busy.
+ *   one pass: one task per (batch, kv head, key chunk) walks its query heads h, query blocks
+ *     i and the chunk's visible key blocks j in that order, with dK and dV of the chunk in its
+ *     scratch: five block products per (i, j). Its dQ partials go to a workspace slot per
+ *     (chunk, head, query block) and a last pass adds them up; with one chunk the task stores
+ *     dQ itself. Used when there are enough such tasks to keep every thread busy; the chunks
+ *     are there so that one late thread does not hold up the rest at the end.
  *   three passes: delta per query block; dK, dV per key block (walking (h, i)); dQ per query
- *     block (walking j). S and dP are recomputed in the third pass (seven products), and
- *     there are many small tasks, for shapes with few heads.
+ *     block (walking the chunks). S and dP are recomputed in the third pass (seven products),
+ *     and there are many small tasks, for shapes with few heads.
  * Either way every output element is summed by one task in a fixed order - dK_j and dV_j over
- * (h, i) ascending, dQ_i over j ascending - from the same kernels on the same block
- * boundaries, so the result is race-free and bitwise identical for any thread count, with or
- * without params.deterministic.
+ * (h, i) ascending, dQ_i as above - from the same kernels on the same block boundaries, so the
+ * result is race-free and bitwise identical for any thread count, with or without
+ * params.deterministic.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -39,7 +46,13 @@ typedef struct backward_job {
     /* packed; per sequence b: [heads_kv][key blocks of b][dp * BLOCK_N] elements: K^T, V^T
      * panels and K rows as float32, or (use16) K^T, V^T in panel16 and K in vpair16 */
     void *kt, *vt, *kr;
+    /* packed once per (query block, query head), see query_slot: Q and dO rows as float32,
+     * or (use16) Q, dO rows and Q^T, dO^T in bf16 */
+    void *qpack;
     uint64_t *kbad; /* per packed block: its K rows that hold a NaN or inf */
+    int64_t chunks; /* key chunks per sequence (fewer for a sequence of fewer key blocks) */
+    /* one pass with chunks > 1: dQ partials, [chunk][query block][head][BLOCK_M * dp] */
+    float *dq_part;
     cpu_scratch scratch;
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
 } backward_job;
@@ -134,7 +147,7 @@ static void load_lse(const backward_job *job, int64_t tb, int64_t h, int64_t s0,
  * softcap derivative and dropout factors, and small rows; the one-pass schedule adds dK and
  * dV of a whole sequence. */
 typedef struct bwd_scratch {
-    float *q, *dout, *o, *dq, *s, *dpb, *dcap, *drop, *lse, *delta, *dk, *dv;
+    float *q, *dout, *o, *dq, *dqc, *s, *dpb, *dcap, *drop, *lse, *delta, *dk, *dv;
     int *ncols, *cbeg;
     /* use16: Q, dO as bf16 rows and transposed; P, dS in query pairs; dS as bf16 rows */
     uint16_t *q16, *do16, *qt16, *dot16, *pp16, *dsp16, *ds16;
@@ -223,25 +236,6 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, hd->b, hd->hk, kblock), dq);
 }
 
-/* The query block's operands: float32 Q and dO rows (dO also feeds delta), or with use16 the
- * bf16 rows for S and dP and, where dK and dV are wanted (transposed), Q^T and dO^T. */
-static void pack_queries(const backward_job *job, const bwd_scratch *w, int64_t tb, int64_t h,
-                         int64_t s0, int m, int transposed)
-{
-    const int dp = job->dp;
-    if (!job->use16) {
-        flashc_cpu_pack_rows(w->q, dp, job->q, tb, s0, m, h, 1.0f);
-        flashc_cpu_pack_rows(w->dout, dp, job->dout, tb, s0, m, h, 1.0f);
-        return;
-    }
-    flashc_cpu_pack_rows16(w->q16, dp, job->q, tb, s0, m, h);
-    flashc_cpu_pack_rows16(w->do16, dp, job->dout, tb, s0, m, h);
-    if (transposed) {
-        pack_t16(w->qt16, dp, job->q, tb, s0, m, h);
-        pack_t16(w->dot16, dp, job->dout, tb, s0, m, h);
-    }
-}
-
 /* First query block that may see key block j0 of sequence sq: where the right edge of the
  * band (causal and window_right) reaches j0. */
 static int64_t first_query_block(const flashc_problem *pr, const flashc_seq *sq, int64_t j0)
@@ -262,7 +256,7 @@ static int64_t first_query_block(const flashc_problem *pr, const flashc_seq *sq,
 
 static size_t bwd_scratch_floats(int dp, size_t dkdv_rows)
 {
-    return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 4 +
+    return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 5 +
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 4 +
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4 +
            flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp / 2) * 4 + /* bf16 Q, dO */
@@ -280,7 +274,8 @@ static bwd_scratch carve(const backward_job *job, int thread, size_t dkdv_rows)
     w.dout = w.q + blk;
     w.o = w.dout + blk;
     w.dq = w.o + blk;
-    w.s = w.dq + blk;
+    w.dqc = w.dq + blk;
+    w.s = w.dqc + blk;
     w.dpb = w.s + sc;
     w.dcap = w.dpb + sc;
     w.drop = w.dcap + sc;
@@ -310,59 +305,7 @@ static int dq_rows(const backward_job *job, int m)
     return job->use16 ? FLASHC_CPU_BLOCK_M : m;
 }
 
-/* ---- one pass ---- */
-
-static void onepass_task(void *ctx, int64_t bhk, int thread)
-{
-    backward_job *job = ctx;
-    const flashc_problem *pr = job->pr;
-    const int dp = job->dp;
-    const int64_t b = bhk / pr->heads_kv, hk = bhk % pr->heads_kv;
-    const int64_t group = pr->heads_q / pr->heads_kv;
-    const flashc_seq sq = flashc_seq_of(pr, b);
-    const size_t rows = (size_t)flashc_cpu_blocks(sq.nk, FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_N;
-    const size_t max_rows =
-        (size_t)flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_N;
-    bwd_scratch w = carve(job, thread, max_rows);
-    memset(w.dk, 0, rows * dp * sizeof(float));
-    memset(w.dv, 0, rows * dp * sizeof(float));
-
-    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-        const bwd_head hd = head_of(job, b, h);
-        for (int64_t ib = 0; ib < flashc_cpu_blocks_count(&job->qb, b); ib++) {
-            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
-            const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
-            pack_queries(job, &w, sq.batch, h, s0, m, 1);
-            if (job->use16) /* delta in float32 from the float32 dO */
-                flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
-            compute_delta(job, sq.batch, h, s0, m, w.o, w.dout, w.delta);
-            load_lse(job, sq.batch, h, s0, m, w.lse);
-            memset(w.dq, 0, (size_t)dq_rows(job, m) * dp * sizeof(float));
-            int64_t jb0, jb1;
-            flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
-            for (int64_t jb = jb0; jb < jb1; jb++) {
-                const int64_t j0 = jb * FLASHC_CPU_BLOCK_N;
-                block_pair(job, &hd, i0, m, j0, &w, w.dq, w.dk + (size_t)j0 * dp,
-                           w.dv + (size_t)j0 * dp);
-            }
-            flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
-        }
-    }
-    if (job->use16) {
-        for (int64_t j0 = 0; j0 < sq.nk; j0 += FLASHC_CPU_BLOCK_N) {
-            const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
-            store_t(job->dk, w.dk + (size_t)j0 * dp, w.o, dp, sq.batch, sq.k0 + j0, n, hk,
-                    pr->scale);
-            store_t(job->dv, w.dv + (size_t)j0 * dp, w.o, dp, sq.batch, sq.k0 + j0, n, hk,
-                    1.0f);
-        }
-        return;
-    }
-    flashc_cpu_store_rows(job->dk, w.dk, dp, sq.batch, sq.k0, (int)sq.nk, hk, pr->scale);
-    flashc_cpu_store_rows(job->dv, w.dv, dp, sq.batch, sq.k0, (int)sq.nk, hk, 1.0f);
-}
-
-/* ---- three passes ---- */
+/* ---- the query-side operands ---- */
 
 /* The (sequence, head, query block) of a query-block task, longest first for a fixed-length
  * batch (as the forward numbers them). */
@@ -388,19 +331,218 @@ static float *delta_row(const backward_job *job, int64_t tb, int64_t h)
     return job->delta + (tb * job->pr->heads_q + h) * job->pr->seqlen_q;
 }
 
-static void delta_task(void *ctx, int64_t task, int thread)
+/* Points w's query operands at the packed ones of query block qblock of head h of sequence b
+ * (row s0 of its batch row tb), and its delta at the rows' delta. */
+static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, int64_t h,
+                          int64_t qblock, int64_t tb, int64_t s0)
+{
+    const size_t elems = (size_t)FLASHC_CPU_BLOCK_M * job->dp;
+    const int64_t u = flashc_cpu_blocks_start(&job->qb, b) + qblock;
+    char *slot = (char *)job->qpack + (size_t)(u * job->pr->heads_q + h) * elems * 8;
+    if (job->use16) {
+        w->q16 = (uint16_t *)slot;
+        w->do16 = w->q16 + elems;
+        w->qt16 = w->do16 + elems;
+        w->dot16 = w->qt16 + elems;
+    } else {
+        w->q = (float *)slot;
+        w->dout = w->q + elems;
+    }
+    w->delta = delta_row(job, tb, h) + s0;
+}
+
+/* Packs the query-side operands of one query block (the bf16 ones also transposed, for the
+ * reductions over queries in dK and dV) and computes its delta in float32 from the float32
+ * dO, whichever products run. */
+static void query_pack_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
+    const int dp = job->dp;
     int64_t b, h, qblock;
     query_task(job, task, &b, &h, &qblock);
     const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
     const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
     bwd_scratch w = carve(job, thread, 0);
-    flashc_cpu_pack_rows(w.dout, job->dp, job->dout, sq.batch, s0, m, h, 1.0f);
-    compute_delta(job, sq.batch, h, s0, m, w.o, w.dout, delta_row(job, sq.batch, h) + s0);
+    float *dout32 = w.dout;
+    point_queries(job, &w, b, h, qblock, sq.batch, s0);
+    if (job->use16) {
+        flashc_cpu_pack_rows16(w.q16, dp, job->q, sq.batch, s0, m, h);
+        flashc_cpu_pack_rows16(w.do16, dp, job->dout, sq.batch, s0, m, h);
+        pack_t16(w.qt16, dp, job->q, sq.batch, s0, m, h);
+        pack_t16(w.dot16, dp, job->dout, sq.batch, s0, m, h);
+        flashc_cpu_pack_rows(dout32, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+    } else {
+        flashc_cpu_pack_rows(w.q, dp, job->q, sq.batch, s0, m, h, 1.0f);
+        flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+        dout32 = w.dout;
+    }
+    compute_delta(job, sq.batch, h, s0, m, w.o, dout32, w.delta);
 }
+
+/* ---- key chunks and the dQ partials ---- */
+
+/* Chunks per sequence for this call: up to four, fewer when the (sequence, kv head) pairs are
+ * already many tasks, and fewer where the one-pass partials would pass 128 MB. The shape alone
+ * decides, never the thread count, so every run sums dQ the same way. */
+static int64_t call_chunks(const flashc_problem *pr, int dp)
+{
+    const int64_t pairs = flashc_num_seqs(pr) * pr->heads_kv;
+    int64_t chunks = (64 + pairs - 1) / pairs;
+    if (chunks > 4)
+        chunks = 4;
+    const size_t per_chunk = (size_t)(flashc_cpu_total_blocks(pr, 0) * pr->heads_q) *
+                             FLASHC_CPU_BLOCK_M * (size_t)dp * sizeof(float);
+    while (chunks > 1 && per_chunk * (size_t)chunks > ((size_t)128 << 20))
+        chunks--;
+    /* FLASHC_CPU_BWD_CHUNKS=N sets the count, for benchmarks: dQ is then summed another way,
+     * so results differ in the last bits from the default */
+    const char *force = getenv("FLASHC_CPU_BWD_CHUNKS");
+    if (force && atoi(force) >= 1)
+        chunks = atoi(force);
+    return chunks;
+}
+
+/* Chunks of sequence b: one per key block when it has fewer blocks than the call's chunks,
+ * one for an empty key sequence. */
+static int64_t seq_chunks(const backward_job *job, int64_t b)
+{
+    const int64_t nkb = flashc_cpu_blocks_count(&job->kb, b);
+    return nkb < job->chunks ? (nkb > 0 ? nkb : 1) : job->chunks;
+}
+
+/* Key blocks [*cb0, *cb1) of chunk c of sequence b: near-equal ranges. */
+static void chunk_range(const backward_job *job, int64_t b, int64_t c, int64_t *cb0,
+                        int64_t *cb1)
+{
+    const int64_t nkb = flashc_cpu_blocks_count(&job->kb, b), cs = seq_chunks(job, b);
+    *cb0 = c * nkb / cs;
+    *cb1 = (c + 1) * nkb / cs;
+}
+
+/* The key blocks of chunk c that query block i0 (m rows) of sequence b visits; 0 if none. */
+static int chunk_visit(const backward_job *job, const flashc_seq *sq, int64_t b, int64_t c,
+                       int64_t i0, int m, int64_t *jb0, int64_t *jb1)
+{
+    int64_t cb0, cb1;
+    flashc_cpu_key_blocks(job->pr, sq, i0, m, jb0, jb1);
+    chunk_range(job, b, c, &cb0, &cb1);
+    if (*jb0 < cb0)
+        *jb0 = cb0;
+    if (*jb1 > cb1)
+        *jb1 = cb1;
+    return *jb0 < *jb1;
+}
+
+static float *dq_slot(const backward_job *job, int64_t c, int64_t b, int64_t h, int64_t qblock)
+{
+    const int64_t u = flashc_cpu_blocks_start(&job->qb, b) + qblock;
+    return job->dq_part + (size_t)((c * job->qb.total + u) * job->pr->heads_q + h) *
+                              FLASHC_CPU_BLOCK_M * (size_t)job->dp;
+}
+
+/* dq += add, over m rows of dp: the one step in which chunk partials meet. */
+static void add_rows(float *dq, const float *add, int m, int dp)
+{
+    for (size_t e = 0; e < (size_t)m * dp; e++)
+        dq[e] += add[e];
+}
+
+/* ---- one pass ---- */
+
+/* Task (chunk c, sequence b, kv head hk), chunk-major: under causal masking the first chunks
+ * see the most queries, so they are taken first. */
+static void onepass_task(void *ctx, int64_t task, int thread)
+{
+    backward_job *job = ctx;
+    const flashc_problem *pr = job->pr;
+    const int dp = job->dp;
+    const int64_t pairs = flashc_num_seqs(pr) * pr->heads_kv;
+    const int64_t c = task / pairs, b = task % pairs / pr->heads_kv, hk = task % pr->heads_kv;
+    if (c >= seq_chunks(job, b))
+        return;
+    const int64_t group = pr->heads_q / pr->heads_kv;
+    const int single = seq_chunks(job, b) == 1; /* this task sums and stores dQ itself */
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    int64_t cb0, cb1;
+    chunk_range(job, b, c, &cb0, &cb1);
+    const int64_t kfirst = cb0 * FLASHC_CPU_BLOCK_N; /* the chunk's first key, in its sequence */
+    const int64_t kend = cb1 * FLASHC_CPU_BLOCK_N < sq.nk ? cb1 * FLASHC_CPU_BLOCK_N : sq.nk;
+    const int64_t nkc = kend - kfirst; /* the chunk's keys */
+    const size_t rows = (size_t)(cb1 - cb0) * FLASHC_CPU_BLOCK_N;
+    const int64_t max_nkb = flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N);
+    bwd_scratch w =
+        carve(job, thread, (size_t)flashc_cpu_blocks(max_nkb, job->chunks) * FLASHC_CPU_BLOCK_N);
+    memset(w.dk, 0, rows * dp * sizeof(float));
+    memset(w.dv, 0, rows * dp * sizeof(float));
+
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const bwd_head hd = head_of(job, b, h);
+        for (int64_t ib = 0; ib < flashc_cpu_blocks_count(&job->qb, b); ib++) {
+            const int64_t i0 = ib * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
+            const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+            int64_t jb0, jb1;
+            if (!chunk_visit(job, &sq, b, c, i0, m, &jb0, &jb1) && !single)
+                continue; /* the last pass finds no partial of this chunk here */
+            point_queries(job, &w, b, h, ib, sq.batch, s0);
+            load_lse(job, sq.batch, h, s0, m, w.lse);
+            float *dq = single ? w.dq : dq_slot(job, c, b, h, ib);
+            memset(dq, 0, (size_t)dq_rows(job, m) * dp * sizeof(float));
+            for (int64_t jb = jb0; jb < jb1; jb++) {
+                const int64_t j0 = jb * FLASHC_CPU_BLOCK_N;
+                block_pair(job, &hd, i0, m, j0, &w, dq, w.dk + (size_t)(j0 - kfirst) * dp,
+                           w.dv + (size_t)(j0 - kfirst) * dp);
+            }
+            if (single)
+                flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
+        }
+    }
+    if (job->use16) {
+        for (int64_t j0 = kfirst; j0 < kfirst + nkc; j0 += FLASHC_CPU_BLOCK_N) {
+            const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
+            const size_t at = (size_t)(j0 - kfirst) * dp;
+            store_t(job->dk, w.dk + at, w.o, dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
+            store_t(job->dv, w.dv + at, w.o, dp, sq.batch, sq.k0 + j0, n, hk, 1.0f);
+        }
+        return;
+    }
+    flashc_cpu_store_rows(job->dk, w.dk, dp, sq.batch, sq.k0 + kfirst, (int)nkc, hk, pr->scale);
+    flashc_cpu_store_rows(job->dv, w.dv, dp, sq.batch, sq.k0 + kfirst, (int)nkc, hk, 1.0f);
+}
+
+/* One pass, after the chunk tasks: dQ of a query block of a sequence with several chunks, from
+ * the partials of the chunks that visit it, in chunk order. */
+static void dq_sum_task(void *ctx, int64_t task, int thread)
+{
+    backward_job *job = ctx;
+    const flashc_problem *pr = job->pr;
+    const int dp = job->dp;
+    int64_t b, h, qblock;
+    query_task(job, task, &b, &h, &qblock);
+    if (seq_chunks(job, b) == 1)
+        return; /* stored by its chunk task */
+    const flashc_seq sq = flashc_seq_of(pr, b);
+    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
+    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+    bwd_scratch w = carve(job, thread, 0);
+    int first = 1;
+    memset(w.dq, 0, (size_t)m * dp * sizeof(float));
+    for (int64_t c = 0; c < seq_chunks(job, b); c++) {
+        int64_t jb0, jb1;
+        if (!chunk_visit(job, &sq, b, c, i0, m, &jb0, &jb1))
+            continue;
+        const float *part = dq_slot(job, c, b, h, qblock);
+        if (first)
+            memcpy(w.dq, part, (size_t)m * dp * sizeof(float));
+        else
+            add_rows(w.dq, part, m, dp);
+        first = 0;
+    }
+    flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, sq.q0 + i0, m, h, pr->scale);
+}
+
+/* ---- three passes ---- */
 
 static void dkdv_task(void *ctx, int64_t task, int thread)
 {
@@ -440,9 +582,8 @@ static void dkdv_task(void *ctx, int64_t task, int thread)
                 break;
             if (kblock >= jb1)
                 continue;
-            pack_queries(job, &w, sq.batch, h, s0, m, 1);
+            point_queries(job, &w, b, h, ib, sq.batch, s0);
             load_lse(job, sq.batch, h, s0, m, w.lse);
-            memcpy(w.delta, delta_row(job, sq.batch, h) + s0, (size_t)m * sizeof(float));
             block_pair(job, &hd, i0, m, j0, &w, NULL, w.dk, w.dv);
         }
     }
@@ -467,14 +608,23 @@ static void dq_task(void *ctx, int64_t task, int thread)
     const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
     const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
     bwd_scratch w = carve(job, thread, 0);
-    pack_queries(job, &w, sq.batch, h, s0, m, 0);
+    point_queries(job, &w, b, h, qblock, sq.batch, s0);
     load_lse(job, sq.batch, h, s0, m, w.lse);
-    memcpy(w.delta, delta_row(job, sq.batch, h) + s0, (size_t)m * sizeof(float));
     memset(w.dq, 0, (size_t)dq_rows(job, m) * dp * sizeof(float));
-    int64_t jb0, jb1;
-    flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
-    for (int64_t jb = jb0; jb < jb1; jb++)
-        block_pair(job, &hd, i0, m, jb * FLASHC_CPU_BLOCK_N, &w, w.dq, NULL, NULL);
+    int first = 1;
+    for (int64_t c = 0; c < seq_chunks(job, b); c++) { /* the one-pass sum: chunk by chunk */
+        int64_t jb0, jb1;
+        if (!chunk_visit(job, &sq, b, c, i0, m, &jb0, &jb1))
+            continue;
+        float *part = first ? w.dq : w.dqc;
+        if (!first)
+            memset(part, 0, (size_t)dq_rows(job, m) * dp * sizeof(float));
+        for (int64_t jb = jb0; jb < jb1; jb++)
+            block_pair(job, &hd, i0, m, jb * FLASHC_CPU_BLOCK_N, &w, part, NULL, NULL);
+        if (!first)
+            add_rows(w.dq, w.dqc, m, dp);
+        first = 0;
+    }
     flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
 }
 
@@ -485,7 +635,7 @@ size_t flashc_cpu_backward_workspace_size(void *state, const flashc_problem *pr)
 
 /* One pass when the (sequence, kv head) tasks fill the threads to at least 80% (e.g. 16 heads
  * on 2, 4, 8 or 16 threads); the three-pass schedule's finer tasks otherwise. */
-static int use_one_pass(const flashc_problem *pr, int threads)
+static int use_one_pass(const flashc_problem *pr, int64_t chunks, int threads)
 {
     /* FLASHC_CPU_BACKWARD=onepass|threepass forces a schedule, for benchmarks; the result is
      * the same either way */
@@ -494,7 +644,11 @@ static int use_one_pass(const flashc_problem *pr, int threads)
         return 1;
     if (force && strcmp(force, "threepass") == 0)
         return 0;
-    int64_t tasks = flashc_num_seqs(pr) * pr->heads_kv;
+    if (!(pr->features & FLASHC_FEATURE_VARLEN)) { /* a short key sequence has fewer chunks */
+        const int64_t nkb = flashc_cpu_blocks(pr->seqlen_k, FLASHC_CPU_BLOCK_N);
+        chunks = nkb < chunks ? (nkb > 0 ? nkb : 1) : chunks;
+    }
+    int64_t tasks = flashc_num_seqs(pr) * pr->heads_kv * chunks;
     int64_t rounds = (tasks + threads - 1) / threads;
     return tasks * 5 >= rounds * threads * 4;
 }
@@ -530,27 +684,37 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                 kern->round_p16 && kern->gemm_panel16_acc && kern->pair_p16 &&
                 kern->bf16_supported && kern->bf16_supported();
     const int threads = flashc_threadpool_size(st->pool);
-    const int one_pass = use_one_pass(pr, threads);
+    job.chunks = call_chunks(pr, job.dp);
+    const int one_pass = use_one_pass(pr, job.chunks, threads);
     const int64_t nseq = flashc_num_seqs(pr);
     const int varlen = (pr->features & FLASHC_FEATURE_VARLEN) != 0;
 
     /* everything is allocated before the first output write, in one workspace: packed K^T,
-     * V^T and K, the delta rows (three passes, when the caller gave no workspace), the varlen
-     * block tables, then the threads' scratch */
+     * V^T and K, the delta rows (when the caller gave no workspace), the varlen block tables,
+     * the dQ partials (one pass, several chunks), the packed queries, then the threads'
+     * scratch */
     const int64_t ktotal = flashc_cpu_total_blocks(pr, 1);
     const size_t pack_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) *
                                                     (size_t)job.dp * FLASHC_CPU_BLOCK_N *
                                                     (job.use16 ? sizeof(uint16_t)
                                                                : sizeof(float)));
     const size_t delta_bytes =
-        one_pass || pr->workspace
-            ? 0
-            : flashc_cpu_line_bytes(flashc_cpu_backward_workspace_size(state, pr));
+        pr->workspace ? 0 : flashc_cpu_line_bytes(flashc_cpu_backward_workspace_size(state, pr));
+    /* one query block's slot: 64 rows of dp, 8 bytes per element (see point_queries) */
+    const size_t qslots = (size_t)(flashc_cpu_total_blocks(pr, 0) * pr->heads_q);
+    const size_t qslot_bytes = (size_t)FLASHC_CPU_BLOCK_M * (size_t)job.dp * 8;
+    const size_t qpack_bytes = flashc_cpu_line_bytes(qslots * qslot_bytes);
     const size_t table_bytes =
         varlen ? flashc_cpu_line_bytes(2 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
-    /* one pass: dK and dV of the longest key sequence */
+    const size_t part_bytes =
+        one_pass && job.chunks > 1
+            ? flashc_cpu_line_bytes((size_t)job.chunks * qslots * FLASHC_CPU_BLOCK_M *
+                                    (size_t)job.dp * sizeof(float))
+            : 0;
+    /* one pass: dK and dV of the longest key chunk */
     const size_t rows =
-        one_pass ? (size_t)flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N) *
+        one_pass ? (size_t)flashc_cpu_blocks(
+                       flashc_cpu_blocks(pr->max_seqlen_k, FLASHC_CPU_BLOCK_N), job.chunks) *
                        FLASHC_CPU_BLOCK_N
                  : FLASHC_CPU_BLOCK_N;
     const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
@@ -558,7 +722,7 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
         st,
-        3 * pack_bytes + delta_bytes + table_bytes + bad_bytes +
+        3 * pack_bytes + delta_bytes + table_bytes + bad_bytes + part_bytes + qpack_bytes +
             (size_t)threads * scratch_floats * sizeof(float),
         &ws);
     if (status != FLASHC_OK)
@@ -566,24 +730,26 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     job.kt = ws.base;
     job.vt = ws.base + pack_bytes;
     job.kr = ws.base + 2 * pack_bytes;
-    if (!one_pass)
-        job.delta = pr->workspace
-                        ? (float *)(((uintptr_t)pr->workspace + 63) & ~(uintptr_t)63)
-                        : (float *)(ws.base + 3 * pack_bytes);
+    job.delta = pr->workspace ? (float *)(((uintptr_t)pr->workspace + 63) & ~(uintptr_t)63)
+                              : (float *)(ws.base + 3 * pack_bytes);
     int64_t *tables = (int64_t *)(ws.base + 3 * pack_bytes + delta_bytes);
     flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
     flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);
     job.kbad = (uint64_t *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes);
-    job.scratch.base =
-        (float *)(ws.base + 3 * pack_bytes + delta_bytes + table_bytes + bad_bytes);
+    char *after_bad = ws.base + 3 * pack_bytes + delta_bytes + table_bytes + bad_bytes;
+    job.dq_part = part_bytes ? (float *)after_bad : NULL;
+    job.qpack = after_bad + part_bytes;
+    job.scratch.base = (float *)(after_bad + part_bytes + qpack_bytes);
     job.scratch.floats_per_thread = scratch_floats;
 
     const int64_t qtasks = job.qb.total * pr->heads_q, ktasks = job.kb.total * pr->heads_kv;
     flashc_threadpool_run(st->pool, ktasks, pack_task, &job);
+    flashc_threadpool_run(st->pool, qtasks, query_pack_task, &job);
     if (one_pass) {
-        flashc_threadpool_run(st->pool, nseq * pr->heads_kv, onepass_task, &job);
+        flashc_threadpool_run(st->pool, job.chunks * nseq * pr->heads_kv, onepass_task, &job);
+        if (job.dq_part)
+            flashc_threadpool_run(st->pool, qtasks, dq_sum_task, &job);
     } else {
-        flashc_threadpool_run(st->pool, qtasks, delta_task, &job);
         flashc_threadpool_run(st->pool, ktasks, dkdv_task, &job);
         flashc_threadpool_run(st->pool, qtasks, dq_task, &job);
     }

@@ -1,10 +1,11 @@
 /*
  * test_cpu_determinism.c - the CPU backend gives bitwise the same forward and backward for
  * any thread count, with params.deterministic set, for every micro-kernel set this processor
- * runs. The shapes make the backward switch between its one-pass schedule (enough
- * (batch, kv head) tasks for the threads) and its three-pass one (few), so this also checks
- * that the two schedules agree bit for bit.
+ * runs. The runs past the first force the backward's one-pass and three-pass schedules in
+ * turn, so this also checks that the two agree bit for bit, on shapes with one key chunk and
+ * with several.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,9 @@ int main(void)
         {FLASHC_BF16, 2, 130, 190, 6, 3, 80, FLASHC_CAUSAL_TOP_LEFT},
         {FLASHC_F16, 1, 150, 97, 2, 1, 128, FLASHC_CAUSAL_BOTTOM_RIGHT},
         {FLASHC_F32, 3, 65, 129, 2, 2, 32, FLASHC_CAUSAL_NONE},
+        /* ten key blocks in four uneven key chunks, causal and not */
+        {FLASHC_BF16, 1, 300, 600, 4, 2, 64, FLASHC_CAUSAL_NONE},
+        {FLASHC_F32, 1, 600, 600, 2, 1, 96, FLASHC_CAUSAL_BOTTOM_RIGHT},
     };
     const int thread_counts[] = {1, 2, 3, 5, 8};
     const char *sets[] = TEST_CPU_SETS;
@@ -114,7 +118,10 @@ int main(void)
             size_t es = flashc_dtype_size(s->dtype);
             outputs base = run(s, thread_counts[0], sets[si], q, k, v, dout);
             for (int t = 1; t < COUNT(thread_counts); t++) {
+                /* the base takes the schedule the shape picks; the others alternate forced ones */
+                setenv("FLASHC_CPU_BACKWARD", t % 2 ? "threepass" : "onepass", 1);
                 outputs o = run(s, thread_counts[t], sets[si], q, k, v, dout);
+                unsetenv("FLASHC_CPU_BACKWARD");
                 int same = memcmp(o.o, base.o, nq * es) == 0 &&
                            memcmp(o.lse, base.lse, (size_t)(s->b * s->hq * s->nq) * 4) == 0 &&
                            memcmp(o.dq, base.dq, nq * es) == 0 &&
