@@ -331,6 +331,25 @@ static float *delta_row(const backward_job *job, int64_t tb, int64_t h)
     return job->delta + (tb * job->pr->heads_q + h) * job->pr->seqlen_q;
 }
 
+/* A query-block task's block: its sequence, head, block and rows [i0, i0 + m) (s0 in the
+ * batch row). */
+typedef struct bwd_qblock {
+    int64_t b, h, qblock, i0, s0;
+    int m;
+    flashc_seq sq;
+} bwd_qblock;
+
+static bwd_qblock qblock_of(const backward_job *job, int64_t task)
+{
+    bwd_qblock q;
+    query_task(job, task, &q.b, &q.h, &q.qblock);
+    q.sq = flashc_seq_of(job->pr, q.b);
+    q.i0 = q.qblock * FLASHC_CPU_BLOCK_M;
+    q.s0 = q.sq.q0 + q.i0;
+    q.m = flashc_cpu_block_len(q.sq.nq, q.i0, FLASHC_CPU_BLOCK_M);
+    return q;
+}
+
 /* Points w's query operands at the packed ones of query block qblock of head h of sequence b
  * (row s0 of its batch row tb), and its delta at the rows' delta. */
 static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, int64_t h,
@@ -357,13 +376,11 @@ static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, in
 static void query_pack_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
-    const flashc_problem *pr = job->pr;
     const int dp = job->dp;
-    int64_t b, h, qblock;
-    query_task(job, task, &b, &h, &qblock);
-    const flashc_seq sq = flashc_seq_of(pr, b);
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
-    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+    const bwd_qblock qb = qblock_of(job, task);
+    const int64_t b = qb.b, h = qb.h, qblock = qb.qblock, s0 = qb.s0;
+    const flashc_seq sq = qb.sq;
+    const int m = qb.m;
     bwd_scratch w = carve(job, thread, 0);
     float *dout32 = w.dout;
     point_queries(job, &w, b, h, qblock, sq.batch, s0);
@@ -516,15 +533,13 @@ static void onepass_task(void *ctx, int64_t task, int thread)
 static void dq_sum_task(void *ctx, int64_t task, int thread)
 {
     backward_job *job = ctx;
-    const flashc_problem *pr = job->pr;
     const int dp = job->dp;
-    int64_t b, h, qblock;
-    query_task(job, task, &b, &h, &qblock);
+    const bwd_qblock qb = qblock_of(job, task);
+    const int64_t b = qb.b, h = qb.h, qblock = qb.qblock, i0 = qb.i0;
+    const flashc_seq sq = qb.sq;
+    const int m = qb.m;
     if (seq_chunks(job, b) == 1)
         return; /* stored by its chunk task */
-    const flashc_seq sq = flashc_seq_of(pr, b);
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
-    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
     bwd_scratch w = carve(job, thread, 0);
     int first = 1;
     memset(w.dq, 0, (size_t)m * dp * sizeof(float));
@@ -539,7 +554,7 @@ static void dq_sum_task(void *ctx, int64_t task, int thread)
             add_rows(w.dq, part, m, dp);
         first = 0;
     }
-    flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, sq.q0 + i0, m, h, pr->scale);
+    flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, qb.s0, m, h, job->pr->scale);
 }
 
 /* ---- three passes ---- */
@@ -601,12 +616,11 @@ static void dq_task(void *ctx, int64_t task, int thread)
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     const int dp = job->dp;
-    int64_t b, h, qblock;
-    query_task(job, task, &b, &h, &qblock);
+    const bwd_qblock qb = qblock_of(job, task);
+    const int64_t b = qb.b, h = qb.h, qblock = qb.qblock, i0 = qb.i0, s0 = qb.s0;
     const bwd_head hd = head_of(job, b, h);
-    const flashc_seq sq = hd.sq;
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M, s0 = sq.q0 + i0;
-    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
+    const flashc_seq sq = qb.sq;
+    const int m = qb.m;
     bwd_scratch w = carve(job, thread, 0);
     point_queries(job, &w, b, h, qblock, sq.batch, s0);
     load_lse(job, sq.batch, h, s0, m, w.lse);
