@@ -378,24 +378,21 @@ static void query_pack_task(void *ctx, int64_t task, int thread)
     backward_job *job = ctx;
     const int dp = job->dp;
     const bwd_qblock qb = qblock_of(job, task);
-    const int64_t b = qb.b, h = qb.h, qblock = qb.qblock, s0 = qb.s0;
-    const flashc_seq sq = qb.sq;
-    const int m = qb.m;
     bwd_scratch w = carve(job, thread, 0);
     float *dout32 = w.dout;
-    point_queries(job, &w, b, h, qblock, sq.batch, s0);
+    point_queries(job, &w, qb.b, qb.h, qb.qblock, qb.sq.batch, qb.s0);
     if (job->use16) {
-        flashc_cpu_pack_rows16(w.q16, dp, job->q, sq.batch, s0, m, h);
-        flashc_cpu_pack_rows16(w.do16, dp, job->dout, sq.batch, s0, m, h);
-        pack_t16(w.qt16, dp, job->q, sq.batch, s0, m, h);
-        pack_t16(w.dot16, dp, job->dout, sq.batch, s0, m, h);
-        flashc_cpu_pack_rows(dout32, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+        flashc_cpu_pack_rows16(w.q16, dp, job->q, qb.sq.batch, qb.s0, qb.m, qb.h);
+        flashc_cpu_pack_rows16(w.do16, dp, job->dout, qb.sq.batch, qb.s0, qb.m, qb.h);
+        pack_t16(w.qt16, dp, job->q, qb.sq.batch, qb.s0, qb.m, qb.h);
+        pack_t16(w.dot16, dp, job->dout, qb.sq.batch, qb.s0, qb.m, qb.h);
+        flashc_cpu_pack_rows(dout32, dp, job->dout, qb.sq.batch, qb.s0, qb.m, qb.h, 1.0f);
     } else {
-        flashc_cpu_pack_rows(w.q, dp, job->q, sq.batch, s0, m, h, 1.0f);
-        flashc_cpu_pack_rows(w.dout, dp, job->dout, sq.batch, s0, m, h, 1.0f);
+        flashc_cpu_pack_rows(w.q, dp, job->q, qb.sq.batch, qb.s0, qb.m, qb.h, 1.0f);
+        flashc_cpu_pack_rows(w.dout, dp, job->dout, qb.sq.batch, qb.s0, qb.m, qb.h, 1.0f);
         dout32 = w.dout;
     }
-    compute_delta(job, sq.batch, h, s0, m, w.o, dout32, w.delta);
+    compute_delta(job, qb.sq.batch, qb.h, qb.s0, qb.m, w.o, dout32, w.delta);
 }
 
 /* ---- key chunks and the dQ partials ---- */
