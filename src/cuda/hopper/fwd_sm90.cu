@@ -332,25 +332,18 @@ static __device__ __forceinline__ void sm90_mask(float (&s)[BN / 2], int n0, int
     }
 }
 
-/* Dropout on a block of P, in two steps. The keep bits of rows row0 and row0 + 8 of tile
- * (b, h) depend on no data, so they are drawn while the block's S product runs (the register
- * fence after them keeps ptxas from sinking the generator below the wgmma wait). After the
- * row sums (which stay those of the undropped softmax, as the LSE does) the dropped entries
- * become 0; the kept ones get their 1 / (1 - p) once, in the epilogue. */
+/* Dropout on a block of P, after its row sums (which stay those of the undropped softmax, as
+ * the LSE does): the dropped entries of rows row0 and row0 + 8 of tile (b, h) become 0, the
+ * kept ones get their 1 / (1 - p) once, in the epilogue. */
 template <int BN>
-static __device__ __forceinline__ void sm90_keep_bits(uint32_t (&keep)[2], const sm90_fwd_feat &f,
-                                                      const sm90_fwd_params &p, int b, int h,
-                                                      int row0, int n0, int lane)
+static __device__ __forceinline__ void sm90_dropout(float (&s)[BN / 2], const sm90_fwd_feat &f,
+                                                    const sm90_fwd_params &p, int b, int h,
+                                                    int row0, int n0, int lane)
 {
     static_assert(BN <= 128, "two keep bits per 8-key tile in 32 bits");
     const uint64_t w = f.drop_offset + (uint64_t)((int64_t)b * p.heads_q + h);
+    uint32_t keep[2];
     fc_keep_rows<BN / 8>(f.drop, w, row0, n0, lane & 3, keep);
-    asm volatile("" : "+r"(keep[0]), "+r"(keep[1]));
-}
-
-template <int BN>
-static __device__ __forceinline__ void sm90_drop(float (&s)[BN / 2], const uint32_t (&keep)[2])
-{
 #pragma unroll
     for (int j = 0; j < BN / 2; j++)
         if (!((keep[(j >> 1) & 1] >> (2 * (j >> 2) + (j & 1))) & 1)) s[j] = 0.f;
@@ -622,14 +615,12 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(0) * L::KV_BYTES);
                 sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(s);
-                uint32_t keep[2] = {0u, 0u};
-                if (FEAT && f.drop_on) sm90_keep_bits<BN>(keep, f, p, b, h, row0, n0, lane);
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                if (FEAT && f.drop_on) sm90_drop<BN>(s, keep);
+                if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
 
                 for (int i = 1; i < n_blocks; i++) {
                     /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
@@ -661,13 +652,12 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_fence_regs(s);
                     sm90_fence_regs(o);
                     sm90_fence_regs(pf);
-                    if (FEAT && f.drop_on) sm90_keep_bits<BN>(keep, f, p, b, h, row0, n0, lane);
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                    if (FEAT && f.drop_on) sm90_drop<BN>(s, keep);
+                    if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
                 /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
