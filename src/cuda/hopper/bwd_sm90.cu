@@ -591,11 +591,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_fence_proxy_async();
                 sm90_bar_sync(SM90B_BAR_DS, 256); /* both halves of dS are in */
 
+                /* d64: dQ's product first, in a commit group of its own, then dV and dK, so
+                 * that the dQ reduction into global memory (and, in deterministic mode, the
+                 * wait for this unit's turn) runs while the tensor cores work on dV and dK.
+                 * d128 waits for all three first: with dK and dV (128 registers) in flight
+                 * beside the dQ unit, its registers would spill. */
+                constexpr bool DQ_FIRST = D == 64;
                 float dqa[32];
                 sm90_wgmma_fence();
-                sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
-                sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
-                sm90_wgmma_commit();
+                if constexpr (!DQ_FIRST) {
+                    sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
+                    sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                    sm90_wgmma_commit();
+                }
 #pragma unroll
                 for (int k = 0; k < KQ; k++) {
                     const int kk = D == 128 ? k : 4 * c + k; /* 16-key step within the block */
@@ -604,16 +612,25 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_ss<64, BF16, 1>(dqa, da, db, k > 0);
                 }
                 sm90_wgmma_commit();
+                if constexpr (DQ_FIRST) {
+                    sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
+                    sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                    sm90_wgmma_commit();
+                }
                 sm90_fence_regs(dv);
                 sm90_fence_regs(dk);
                 sm90_fence_regs(pf);
                 sm90_fence_regs(dsf);
                 sm90_fence_regs(dqa);
-                sm90_wgmma_wait<0>();
-                sm90_fence_regs(dv);
-                sm90_fence_regs(dk);
+                if constexpr (DQ_FIRST) {
+                    sm90_wgmma_wait<1>(); /* dQ is in; dV and dK may still run */
+                } else {
+                    sm90_wgmma_wait<0>();
+                    sm90_fence_regs(dv);
+                    sm90_fence_regs(dk);
+                    sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+                }
                 sm90_fence_regs(dqa);
-                sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
 
                 /* dQ unit c into the accumulator, fragment order */
                 float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D + unit * 4096 + t * 4;
@@ -645,6 +662,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         __threadfence();
                         atomicAdd(sem, 1);
                     }
+                }
+                if constexpr (DQ_FIRST) {
+                    sm90_wgmma_wait<0>();
+                    sm90_fence_regs(dv);
+                    sm90_fence_regs(dk);
+                    sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
                 }
             }
         }

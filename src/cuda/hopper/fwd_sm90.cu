@@ -3,22 +3,24 @@
  * mbarrier pipeline for K and V, and wgmma for both products. Build for
  * -gencode=arch=compute_90a,code=sm_90a (wgmma and setmaxnreg exist only on the "a" target).
  *
- * One CTA = 3 warpgroups (384 threads) computes BM = 128 query rows of one (batch, query head):
+ * One CTA = a producer warpgroup and NC = 2 or 3 consumer warpgroups computes BM = 64 NC query
+ * rows of one (batch, query head) (the tile shapes per head dim are listed before the host code):
  *
  *   warpgroup 0, producer: gives its registers away (setmaxnreg.dec to 24); one elected thread
  *     loads Q once, then walks the key blocks from the last one any row sees down to the
  *     first, loading K_j and V_j by TMA into a STAGES-deep ring. Each stage has a "full"
  *     mbarrier (TMA transaction bytes) and an "empty" one (one arrival per consumer).
- *   warpgroups 1 and 2, consumers: take the registers (setmaxnreg.inc to 240) and own 64 query
- *     rows each. Per key block j, in a two-stage software pipeline:
+ *   warpgroups 1 .. NC, consumers: take the registers (setmaxnreg.inc to 240, or 160 for
+ *     three) and own 64 query rows each. Per key block j, in a two-stage software pipeline:
  *         issue S_j = Q K_j^T       (wgmma SS: Q and K from swizzled shared memory)
  *         issue O += P_{j-1} V_{j-1} (wgmma RS: P from registers, V from shared memory)
  *         wait for S_j; release K_j; mask; online softmax in the log2 domain (one FFMA + EX2
  *         per score, scale folded into the exponent)
  *         wait for the PV product; release V_{j-1}; rescale O; pack P_j to 16 bits
- *     so the exponentials of block j overlap the P V product of block j-1. The two consumers
- *     also take turns issuing their GEMMs (a pair of named barriers, "ping-pong"), so one
- *     warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+ *     so the exponentials of block j overlap the P V product of block j-1. The consumers
+ *     also take turns issuing their GEMMs (a token passed round them on named barriers,
+ *     "ping-pong" for two), so the others' softmax runs while one's GEMMs hold the tensor
+ *     cores.
  *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of the Q tile (in
  *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; LSE is stored
  *     directly. A row that sees no key gets O = 0, LSE = -inf.
@@ -111,17 +113,25 @@ typedef struct sm90_seq {
     int q0, nq, k0, nk, off, tb;
 } sm90_seq;
 
-#define SM90_BM 128         /* query rows per CTA: 64 per consumer warpgroup */
-#define SM90_THREADS 384    /* producer warpgroup + 2 consumer warpgroups */
+/* A CTA is a producer warpgroup and NC consumer warpgroups of 64 query rows each (NC = 2 or
+ * 3). The registers are split so that 128 x 24 + NC x 128 x consumer regs stays within the
+ * 65,536 of an SM: 240 each for two consumers (64,512), 160 each for three (64,512). */
 #define SM90_PRODUCER_REGS 24
-#define SM90_CONSUMER_REGS 240 /* 128 x 24 + 256 x 240 = 64,512 of 65,536 */
+#define SM90_MAX_CONSUMERS 3
+template <int NC> struct sm90_cta {
+    static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+    static constexpr int BM = 64 * NC;          /* query rows per tile */
+    static constexpr int THREADS = 128 * (NC + 1);
+    static constexpr int CONSUMER_REGS = NC == 2 ? 240 : 160;
+};
 
-/* Named barriers: 0 is __syncthreads; 1 and 2 order the consumers' GEMM issue (ping-pong);
- * 3 and 4 gather one consumer before its O store; 5 joins both consumers once they have
- * cleared the rows of a varlen sequence's last V block that belong to the next sequence. */
+/* Named barriers: 0 is __syncthreads; 1 .. NC order the consumers' GEMM issue (a token passed
+ * round the consumers: ping-pong for two); the next NC gather one consumer before its O store;
+ * the last joins the consumers once they have cleared the rows of a varlen sequence's last V
+ * block that belong to the next sequence. */
 #define SM90_BAR_SCHED0 1
-#define SM90_BAR_EPI0 3
-#define SM90_BAR_VTAIL 5
+#define SM90_BAR_EPI0 (SM90_BAR_SCHED0 + SM90_MAX_CONSUMERS)
+#define SM90_BAR_VTAIL (SM90_BAR_EPI0 + SM90_MAX_CONSUMERS)
 
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
@@ -171,10 +181,10 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
 
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
  * ring, then the V ring, then the mbarriers. */
-template <int D, int BN, int STAGES>
+template <int D, int BN, int STAGES, int NC>
 struct sm90_fwd_layout {
     static constexpr int PANELS = D / 64;
-    static constexpr uint32_t Q_BYTES = SM90_BM * D * 2;
+    static constexpr uint32_t Q_BYTES = sm90_cta<NC>::BM * D * 2;
     static constexpr uint32_t KV_BYTES = BN * D * 2;
     static constexpr uint32_t K_OFF = Q_BYTES;
     static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
@@ -359,15 +369,16 @@ static __device__ __forceinline__ void sm90_pack_p(uint32_t (&pf)[BN / 16][4],
         for (int r = 0; r < 4; r++) pf[kk][r] = sm90_pack2<BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-/* Issues S = Q_wg K^T over the head dim, D / 16 wgmmas, as one commit group. */
-template <int D, int BN, int BF16>
+/* Issues S = Q_wg K^T over the head dim, D / 16 wgmmas, as one commit group (the Q tile's
+ * 64-column panels are BM rows apart). */
+template <int D, int BN, int BM, int BF16>
 static __device__ __forceinline__ void sm90_issue_qk(float (&s)[BN / 2], uint32_t q_rows,
                                                      uint32_t k_tile)
 {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t koff = (kk & 3) * 32;
-        const uint64_t da = sm90_desc_kmajor(q_rows + (kk >> 2) * (SM90_BM * 128) + koff);
+        const uint64_t da = sm90_desc_kmajor(q_rows + (kk >> 2) * (BM * 128) + koff);
         const uint64_t db = sm90_desc_kmajor(k_tile + (kk >> 2) * (BN * 128) + koff);
         sm90_wgmma_ss<BN, BF16, 0>(s, da, db, kk > 0);
     }
@@ -391,16 +402,16 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
 /* Zeroes rows [from, BN) of a V tile: in a varlen batch they hold the next sequence's first
  * values, which P (zero there) would otherwise multiply. Each consumer warpgroup clears half
  * of the chunks; both wait for each other before either's P V product reads the tile. */
-template <int D, int BN>
+template <int D, int BN, int NC>
 static __device__ __forceinline__ void sm90_zero_v_rows(uint32_t v_tile, int from, int cw, int t)
 {
-    sm90_zero_tile_rows<D / 64>(v_tile, BN, from, cw * 128 + t, 256);
-    sm90_bar_sync(SM90_BAR_VTAIL, 256);
+    sm90_zero_tile_rows<D / 64>(v_tile, BN, from, cw * 128 + t, NC * 128);
+    sm90_bar_sync(SM90_BAR_VTAIL, NC * 128);
 }
 
 /* Stores rows [0, nrows) of a consumer's 64 O rows from the swizzled Q tile with plain 16-byte
  * stores (a varlen sequence's last tile, whose rows past the sequence belong to the next). */
-template <int D>
+template <int D, int BM>
 static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f, uint32_t q_rows, const sm90_seq &sq,
                                                          int wrow0, int nrows, int h, int t)
 {
@@ -408,7 +419,7 @@ static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f,
     for (int c = t; c < nrows * CHUNKS; c += 128) {
         const int r = c / CHUNKS, ch = c % CHUNKS;
         if (ch * 8 >= f.head_dim) continue; /* the padded columns of a smaller head dim */
-        const uint32_t addr = q_rows + (ch >> 3) * (SM90_BM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        const uint32_t addr = q_rows + (ch >> 3) * (BM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
         uint32_t v0, v1, v2, v3;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
@@ -424,15 +435,15 @@ static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f,
  * P loses the dropped entries after it. FEAT = 2
  * is FEAT = 1 over a variable-length batch (its own instantiation: the per-sequence bounds
  * live in registers, which the fixed-length kernels read from the parameters instead). */
-template <int D, int BN, int STAGES, int BF16, int FEAT>
-__global__ void __launch_bounds__(SM90_THREADS, 1)
+template <int D, int BN, int STAGES, int NC, int BF16, int FEAT>
+__global__ void __launch_bounds__(sm90_cta<NC>::THREADS, 1)
 fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                    const sm90_fwd_params p, const sm90_fwd_feat f)
 {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef sm90_fwd_layout<D, BN, STAGES> L;
-    constexpr int BM = SM90_BM;
+    typedef sm90_fwd_layout<D, BN, STAGES, NC> L;
+    constexpr int BM = sm90_cta<NC>::BM;
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
 
     extern __shared__ uint8_t smem_raw[];
@@ -455,12 +466,12 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         /* Every consumer thread arrives once its part of the tile is done (it read the tile
          * index, wrote its O into the Q tile); the phase completes after both O stores have
          * also been read out by the copy engine. */
-        sm90_mbar_init(q_empty, 256);
+        sm90_mbar_init(q_empty, NC * 128);
         for (int s = 0; s < STAGES; s++) {
             sm90_mbar_init(&k_full[s], 1);
             sm90_mbar_init(&v_full[s], 1);
-            sm90_mbar_init(&k_empty[s], 2); /* one arrival per consumer warpgroup */
-            sm90_mbar_init(&v_empty[s], 2);
+            sm90_mbar_init(&k_empty[s], NC); /* one arrival per consumer warpgroup */
+            sm90_mbar_init(&v_empty[s], NC);
         }
         sm90_mbar_init_fence();
     }
@@ -540,11 +551,11 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
          * them). */
     } else {
         /* ---------------- consumers ---------------- */
-        sm90_setmaxnreg_inc<SM90_CONSUMER_REGS>();
-        const int cw = wg - 1;             /* consumer index 0 / 1 */
+        sm90_setmaxnreg_inc<sm90_cta<NC>::CONSUMER_REGS>();
+        const int cw = wg - 1;             /* consumer index 0 .. NC-1 */
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
-        const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw ^ 1);
+        const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw + 1) % NC;
         int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
         uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
 
@@ -596,7 +607,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }                                                                                   \
         } while (0)
 
-                if (cw == 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256); /* consumer 0 issues first */
+                /* consumer 0 issues first: the last one hands it the token */
+                if (cw == NC - 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256);
 
                 /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
                  * ring slot (blocks_done + i) % STAGES, filled for the ((blocks_done + i) /
@@ -612,7 +624,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
-                sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(0) * L::KV_BYTES);
+                sm90_issue_qk<D, BN, BM, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(0) * L::KV_BYTES);
                 sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(s);
                 sm90_wgmma_wait<0>();
@@ -620,7 +632,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
+                if constexpr (FEAT != 0)
+                    if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
 
                 for (int i = 1; i < n_blocks; i++) {
                     /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
@@ -643,10 +656,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
                     sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
                     if (FEAT == 2 && i == 1 && vtail < BN)
-                        sm90_zero_v_rows<D, BN>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
+                        sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                     sm90_bar_sync(my_bar, 256);
                     sm90_wgmma_fence();
-                    sm90_issue_qk<D, BN, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
+                    sm90_issue_qk<D, BN, BM, BF16>(s, q_rows, sbase + L::K_OFF + SM90_STAGE(i) * L::KV_BYTES);
                     sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(i - 1) * L::KV_BYTES);
                     sm90_bar_arrive(other_bar, 256);
                     sm90_fence_regs(s);
@@ -657,11 +670,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                    if (FEAT && f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
+                    if constexpr (FEAT != 0)
+                        if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
-                /* Last: finish block n_blocks-1 and issue its P V. Consumer 1 skips the hand-over,
-                 * so that every arrival on a scheduling barrier meets a sync within the tile. */
+                /* Last: finish block n_blocks-1 and issue its P V. The last consumer skips the
+                 * hand-over (it hands consumer 0 the token at the next tile's start), so that
+                 * every arrival on a scheduling barrier meets a sync within the tile. */
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
@@ -671,11 +686,11 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_pack_p<BN, BF16>(pf, s);
                 sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
                 if (FEAT == 2 && n_blocks == 1 && vtail < BN)
-                    sm90_zero_v_rows<D, BN>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
+                    sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
                 sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
-                if (cw == 0) sm90_bar_arrive(other_bar, 256);
+                if (cw != NC - 1) sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
                 sm90_wgmma_wait<0>();
@@ -724,7 +739,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, so.q0 + wrow0, h, so.tb);
                 sm90_bulk_commit();
             }
-            if (FEAT == 2 && by_hand) sm90_store_o_rows<D>(f, q_rows, so, wrow0, so.nq - wrow0, h, t);
+            if (FEAT == 2 && by_hand) sm90_store_o_rows<D, BM>(f, q_rows, so, wrow0, so.nq - wrow0, h, t);
             if ((lane & 3) == 0) {
                 float *lse = p.lse + so.tb * p.lse_sb + h * p.lse_sh;
 #pragma unroll
@@ -743,15 +758,28 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-/* BN (keys per block) and pipeline stages per head dim. d64: 128-key blocks, S 64 + O 32 +
- * P 32 registers per thread; d128: 128 x 128 (S 64 + O 64 + P 32); d256: 64-key blocks, O 128
- * + S 32 + P 16 and 64 + 2 x 2 x 32 KB = 192 KB of shared memory. Starting points, to be
- * tuned by measurement (FA3 uses 128 x 176 for d128 non-causal, 128 x 80 for d256, 192-row
- * CTAs with three consumers for d64). */
-#define FC_SM90_FWD_CONFIGS(X) \
-    X(64, 128, 2)              \
-    X(128, 128, 2)             \
-    X(256, 64, 2)
+/* Tile shapes per head dim and kernel kind, SM90_PLAIN (causal or not) or SM90_FEAT (window,
+ * softcap, ALiBi, dropout, varlen): keys per block BN, pipeline stages and consumer
+ * warpgroups NC (query rows BM = 64 NC). Registers per consumer thread: S BN/2 + P BN/4 +
+ * O D/2. d64 plain: three consumers of 160 registers (64 + 32 + 32 live), so that two
+ * warpgroups' exponentials run while the third's GEMMs hold the tensor cores (d64 is the head
+ * dim where the exponentials nearly match the GEMM time); its feature kernels keep two (with
+ * three, the band and ALiBi state spill). d128: 128 x 128 (176-key blocks measured 0-4%
+ * slower at 2k-4k). d256 plain: 80-key blocks (Q 64 KB + 2 stages of K and V at 40 KB fill
+ * 225 KB of shared memory); its feature kernels keep 64 (at 80 they spill).
+ * FC_SM90_FWD_TILES=0 builds the earlier shapes (BM 128 everywhere, BN 128 / 128 / 64), kept
+ * for same-run comparisons in the standalone check. */
+#define SM90_PLAIN 0
+#define SM90_FEAT 1
+#if defined(FC_SM90_FWD_TILES) && FC_SM90_FWD_TILES == 0
+#define FC_SM90_FWD_CONFIGS(X)                                                                  \
+    X(64, SM90_PLAIN, 128, 2, 2) X(128, SM90_PLAIN, 128, 2, 2) X(256, SM90_PLAIN, 64, 2, 2)     \
+    X(64, SM90_FEAT, 128, 2, 2) X(128, SM90_FEAT, 128, 2, 2) X(256, SM90_FEAT, 64, 2, 2)
+#else
+#define FC_SM90_FWD_CONFIGS(X)                                                                  \
+    X(64, SM90_PLAIN, 128, 2, 3) X(128, SM90_PLAIN, 128, 2, 2) X(256, SM90_PLAIN, 80, 2, 2)     \
+    X(64, SM90_FEAT, 128, 2, 2) X(128, SM90_FEAT, 128, 2, 2) X(256, SM90_FEAT, 64, 2, 2)
+#endif
 
 /* The compiled head dim that serves head_dim: a multiple of 8 above 32 runs on the next
  * kernel up, its extra columns zero-filled by TMA on load and clipped on store (d32 and below
@@ -762,14 +790,16 @@ int fc_sm90_kernel_head_dim(int head_dim)
     return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
 
+/* The most that any kind of kernel for head_dim takes. */
 size_t fc_sm90_forward_smem_bytes(int head_dim)
 {
     const int kd = fc_sm90_kernel_head_dim(head_dim);
-#define X(D_, BN_, ST_) \
-    if (kd == D_) return sm90_fwd_layout<D_, BN_, ST_>::TOTAL;
+    size_t most = 0;
+#define X(D_, KIND_, BN_, ST_, NC_) \
+    if (kd == D_ && sm90_fwd_layout<D_, BN_, ST_, NC_>::TOTAL > most) most = sm90_fwd_layout<D_, BN_, ST_, NC_>::TOTAL;
     FC_SM90_FWD_CONFIGS(X)
 #undef X
-    return 0;
+    return most;
 }
 
 static int stride_ok(int64_t stride, int64_t extent)
@@ -803,8 +833,8 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
             a->max_seqlen_q < 1 || a->max_seqlen_k < 0 || (uintptr_t)a->cu_seqlens_q % 4 != 0 ||
             (uintptr_t)a->cu_seqlens_k % 4 != 0)
             return 0;
-        /* the tile count must fit an int */
-        const int64_t tiles = (int64_t)(a->max_seqlen_q + SM90_BM - 1) / SM90_BM * a->heads_q * a->num_seqs;
+        /* the tile count must fit an int (at the smallest tile, 64 rows) */
+        const int64_t tiles = (int64_t)(a->max_seqlen_q + 63) / 64 * a->heads_q * a->num_seqs;
         if (tiles > 0x7fff0000) return 0;
     }
     const void *ptrs[4] = {a->q, a->k, a->v, a->o};
@@ -818,22 +848,28 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     return 1;
 }
 
-template <int D, int BN, int STAGES, int BF16, int FEAT>
+/* rows and seqs: the query rows and sequences that the tiles of BM rows cover. */
+template <int D, int BN, int STAGES, int NC, int BF16, int FEAT>
 static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
-                               cudaStream_t stream)
+                               int rows, int seqs, cudaStream_t stream)
 {
+    constexpr int BM = sm90_cta<NC>::BM;
     CUtensorMap tq, tk, tv, to;
     if (!fc_sm90_encode_map(&tq, a->q, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb,
-                     SM90_BM) ||
+                     BM) ||
         !fc_sm90_encode_map(&tk, a->k, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->k_ss, a->k_sh, a->k_sb, BN) ||
         !fc_sm90_encode_map(&tv, a->v, BF16, a->head_dim, a->seqlen_k, a->heads_kv, a->batch, a->v_ss, a->v_sh, a->v_sb, BN) ||
         !fc_sm90_encode_map(&to, a->o, BF16, a->head_dim, a->seqlen_q, a->heads_q, a->batch, a->o_ss, a->o_sh, a->o_sb, 64))
         return cudaErrorInvalidValue;
-    const uint32_t smem = sm90_fwd_layout<D, BN, STAGES>::TOTAL;
-    cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT>,
+    const uint32_t smem = sm90_fwd_layout<D, BN, STAGES, NC>::TOTAL;
+    cudaError_t err = cudaFuncSetAttribute(fc_sm90_fwd_kernel<D, BN, STAGES, NC, BF16, FEAT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
-    if (p->num_tiles == 0) return cudaSuccess;
+    sm90_fwd_params kp = *p;
+    kp.m_blocks = (rows + BM - 1) / BM;
+    kp.num_tiles = kp.m_blocks * a->heads_q * seqs;
+    if (kp.num_tiles == 0) return cudaSuccess;
+    p = &kp;
     /* Persistent: one CTA per SM (each takes a whole SM's shared memory) walks the tiles.
      * FLASHC_SM90_CTAS overrides the count for tests and comparisons: 0 launches one CTA per
      * tile, n > 0 at most n CTAs (so that each walks many tiles). */
@@ -852,7 +888,6 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     /* Causal tiles differ in length: they are taken from a counter as CTAs free up (a
      * stream-ordered int, zeroed before the kernel and freed behind it). Equal non-causal
      * tiles are walked in fixed strides. FLASHC_SM90_SCHED=static forces strides. */
-    sm90_fwd_params kp = *p;
     const char *sched_env = getenv("FLASHC_SM90_SCHED");
     /* A band (causal or a window) makes tiles unequal too, and so do varlen sequences. */
     const int dynamic = (p->causal || f->has_left || f->has_right || f->varlen) && ctas < p->num_tiles &&
@@ -863,7 +898,7 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
     }
     if (err == cudaSuccess) {
-        fc_sm90_fwd_kernel<D, BN, STAGES, BF16, FEAT><<<dim3((unsigned)ctas), SM90_THREADS, smem, stream>>>(
+        fc_sm90_fwd_kernel<D, BN, STAGES, NC, BF16, FEAT><<<dim3((unsigned)ctas), sm90_cta<NC>::THREADS, smem, stream>>>(
             tq, tk, tv, to, kp, *f);
         err = cudaGetLastError();
     }
@@ -872,6 +907,21 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
         if (err == cudaSuccess) err = err2;
     }
     return err;
+}
+
+/* The kernel of one kind: plain (FEAT 0), features (FEAT 1) or, for a varlen batch, features
+ * over per-sequence bounds (FEAT 2, compiled up to d128 only). */
+template <int D, int KIND, int BN, int STAGES, int NC, int BF16>
+static cudaError_t sm90_launch_kind(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
+                                    int rows, int seqs, cudaStream_t stream)
+{
+    if constexpr (KIND != SM90_FEAT) {
+        return sm90_launch<D, BN, STAGES, NC, BF16, 0>(a, p, f, rows, seqs, stream);
+    } else {
+        if constexpr (D <= 128)
+            if (f->varlen) return sm90_launch<D, BN, STAGES, NC, BF16, 2>(a, p, f, rows, seqs, stream);
+        return sm90_launch<D, BN, STAGES, NC, BF16, 1>(a, p, f, rows, seqs, stream);
+    }
 }
 
 cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
@@ -890,8 +940,6 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
     const int seqs = varlen ? a->num_seqs : a->batch;
     const int rows = varlen ? a->max_seqlen_q : a->seqlen_q;
     const int keys = varlen ? (a->max_seqlen_k > 0 ? a->max_seqlen_k : a->seqlen_k / seqs) : a->seqlen_k;
-    p.m_blocks = (rows + SM90_BM - 1) / SM90_BM;
-    p.num_tiles = p.m_blocks * a->heads_q * seqs;
     /* Causal sections: as many (batch, head) pairs as keep their K/V within about half of
      * the L2 (K/V of a KV head serve its whole group of query heads). */
     const double kv_bytes = 4.0 * (keys > 0 ? keys : 1) * a->head_dim / p.group;
@@ -941,18 +989,13 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
         f.drop_offset = a->dropout_offset;
         f.drop_scale = dropout ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.f;
     }
-#define X(D_, BN_, ST_)                                                                   \
-    if (fc_sm90_kernel_head_dim(a->head_dim) == D_) {                                     \
-        if (varlen && D_ > 128) return cudaErrorInvalidValue; /* not supported */         \
-        if (varlen)                                                                       \
-            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, (D_ <= 128 ? 2 : 1)>(a, &p, &f, stream) \
-                           : sm90_launch<D_, BN_, ST_, 0, (D_ <= 128 ? 2 : 1)>(a, &p, &f, stream); \
-        if (feat)                                                                         \
-            return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 1>(a, &p, &f, stream)               \
-                           : sm90_launch<D_, BN_, ST_, 0, 1>(a, &p, &f, stream);              \
-        return a->bf16 ? sm90_launch<D_, BN_, ST_, 1, 0>(a, &p, &f, stream)                   \
-                       : sm90_launch<D_, BN_, ST_, 0, 0>(a, &p, &f, stream);                  \
-    }
+    const int kd = fc_sm90_kernel_head_dim(a->head_dim);
+    if (varlen && kd > 128) return cudaErrorInvalidValue; /* not supported */
+    const int kind = feat ? SM90_FEAT : SM90_PLAIN;
+#define X(D_, KIND_, BN_, ST_, NC_)                                                          \
+    if (kd == D_ && kind == KIND_)                                                           \
+        return a->bf16 ? sm90_launch_kind<D_, KIND_, BN_, ST_, NC_, 1>(a, &p, &f, rows, seqs, stream) \
+                       : sm90_launch_kind<D_, KIND_, BN_, ST_, NC_, 0>(a, &p, &f, rows, seqs, stream);
     FC_SM90_FWD_CONFIGS(X)
 #undef X
     return cudaErrorInvalidValue;
