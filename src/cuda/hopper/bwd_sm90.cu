@@ -45,7 +45,10 @@
  * BM = 64 query rows per block. Head dim 128: consumer c's dQ unit is head-dim columns
  * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS). Head dim 64: each
  * consumer computes the whole 64 x 64 dQ over its own 64 keys and both add into the same
- * accumulator (twice the reduction traffic; a 32-column split would halve it). Every GEMM
+ * accumulator (twice the reduction traffic; a 32-column split would halve it); it reads only
+ * its own half of dS, so the two consumers never wait for each other and one's exponentials
+ * run beside the other's products, and it issues the dQ product first so that its reduction
+ * runs beside dK and dV. Every GEMM
  * uses an operand form (K-major SS, MN-major B in SS and RS) that the forward's layout probe
  * checked.
  */
@@ -69,13 +72,15 @@
 #define SM90B_PRODUCER_REGS 24
 #define SM90B_CONSUMER_REGS 240
 
-/* Named barriers: 0 is __syncthreads; 1 gathers both consumers once dS is in shared memory;
- * 2 and 3 order one consumer's threads around a deterministic-mode semaphore; 4 joins both
- * consumers once they have cleared the rows of a varlen block that belong to the next
- * sequence. */
+/* Named barriers: 0 is __syncthreads; 1 gathers both consumers once dS is in shared memory
+ * (d128, where each dQ unit reads both halves); 2 and 3 order one consumer's threads around a
+ * deterministic-mode semaphore; 4 joins both consumers once they have cleared the rows of a
+ * varlen block that belong to the next sequence; 5 and 6 gather one consumer once its half of
+ * dS is in (d64, where its dQ reads only that half). */
 #define SM90B_BAR_DS 1
 #define SM90B_BAR_SEM0 2
 #define SM90B_BAR_TAIL 4
+#define SM90B_BAR_DS_OWN0 5
 
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
@@ -589,7 +594,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     }
                 }
                 sm90_fence_proxy_async();
-                sm90_bar_sync(SM90B_BAR_DS, 256); /* both halves of dS are in */
+                /* d128: both halves of dS are in; d64: this consumer's is, and the two
+                 * consumers stay free of each other, so one's exponentials can run beside the
+                 * other's products */
+                if constexpr (D == 128)
+                    sm90_bar_sync(SM90B_BAR_DS, 256);
+                else
+                    sm90_bar_sync(SM90B_BAR_DS_OWN0 + c, 128);
 
                 /* d64: dQ's product first, in a commit group of its own, then dV and dK, so
                  * that the dQ reduction into global memory (and, in deterministic mode, the

@@ -180,7 +180,16 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
 }
 
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
- * ring, then the V ring, then the mbarriers. */
+ * ring, then the V ring, then (where it fits) the O tile, then the mbarriers. O is staged for
+ * its TMA store in a tile of its own when shared memory has room for one (SEP_O: head dims up
+ * to 128), so that the next tile's Q can load as soon as the last S = Q K^T has read this one,
+ * over the last block's softmax, P V and the epilogue; otherwise (d256) O is staged in the Q
+ * tile and the next Q waits until the copy engine has read O out of it. */
+/* The separate O tile is measured (docs/PERF.md) but stays off until it has passed the
+ * standalone check and compute-sanitizer on a GPU: -DFC_SM90_FWD_SEPARATE_O=1 builds it. */
+#ifndef FC_SM90_FWD_SEPARATE_O
+#define FC_SM90_FWD_SEPARATE_O 0
+#endif
 template <int D, int BN, int STAGES, int NC>
 struct sm90_fwd_layout {
     static constexpr int PANELS = D / 64;
@@ -188,11 +197,16 @@ struct sm90_fwd_layout {
     static constexpr uint32_t KV_BYTES = BN * D * 2;
     static constexpr uint32_t K_OFF = Q_BYTES;
     static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
-    static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
     static constexpr uint32_t BARS = 2 + 4 * STAGES; /* q_full, the K/V ring's, q_empty */
+    /* the barriers, the tile slot and the alignment slack: the dynamic shared-memory base is
+     * only 16-byte aligned */
+    static constexpr uint32_t TAIL = BARS * 8 + 16 + 1024;
+    static constexpr bool SEP_O =
+        FC_SM90_FWD_SEPARATE_O && V_OFF + STAGES * KV_BYTES + Q_BYTES + TAIL <= 232448; /* 227 KB */
+    static constexpr uint32_t O_OFF = SEP_O ? V_OFF + STAGES * KV_BYTES : 0;
+    static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES + (SEP_O ? Q_BYTES : 0);
     static constexpr uint32_t TILE_OFF = BAR_OFF + BARS * 8; /* the tile handed to consumers */
-    /* + 1024: the dynamic shared-memory base is only 16-byte aligned */
-    static constexpr uint32_t TOTAL = TILE_OFF + 16 + 1024;
+    static constexpr uint32_t TOTAL = BAR_OFF + TAIL;
 };
 
 /* Row max and sum of one accumulator row pair, folded into the running state; s becomes
@@ -481,9 +495,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
      * consumers in tile_slot, published by the q_full arrival (release) and read after the
      * q_full wait (acquire); index num_tiles tells them to stop. The K/V ring's stage and
      * parity run on across tiles (it counts every key block this CTA has loaded), and the Q
-     * tile, which also stages the O store, is refilled (and tile_slot rewritten) only once
-     * both consumers' stores of the previous tile have read it (q_empty), so the next tile's
-     * first K block loads during the epilogue. */
+     * tile is refilled (and tile_slot rewritten) only once every consumer is done with it
+     * (q_empty): with a separate O tile, once its last S = Q K^T has retired; where the Q tile
+     * also stages the O store, once that store has read it. The next tile's first K block
+     * loads during the epilogue either way. */
     if (wg == 0) {
         /* ---------------- producer ---------------- */
         sm90_setmaxnreg_dec<SM90_PRODUCER_REGS>();
@@ -555,6 +570,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int cw = wg - 1;             /* consumer index 0 .. NC-1 */
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
+        const uint32_t o_rows = (L::SEP_O ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
         const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw + 1) % NC;
         int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
         uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
@@ -630,6 +646,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
+                if (L::SEP_O && n_blocks == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                 if constexpr (FEAT != 0)
@@ -668,6 +685,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
+                    if (L::SEP_O && i == n_blocks - 1) sm90_mbar_arrive(q_empty);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                     if constexpr (FEAT != 0)
@@ -714,8 +732,14 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 inv[hr] = sum > 0.f ? (FEAT && f.drop_on ? f.drop_scale : 1.f) / sum : 0.f;
                 lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
             }
-            /* O in 16 bits into this warpgroup's 64 rows of the Q tile (its last reader, S = Q K^T,
-             * has retired), in the 128-byte-swizzled layout the O tensor map expects. */
+            /* O in 16 bits into this warpgroup's 64 rows of the O tile, in the 128-byte-swizzled
+             * layout the O tensor map expects. A separate O tile is free once the copy engine
+             * has read the last tile's O out of it; the Q tile (d256) is, since its last
+             * reader, S = Q K^T, has retired. */
+            if (L::SEP_O) {
+                if (t == 0) sm90_bulk_wait_read();
+                sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
+            }
             const int lr = (warp & 3) * 16 + (lane >> 2); /* row within the warpgroup's 64 */
 #pragma unroll
             for (int j = 0; j < D / 2; j += 2) {
@@ -723,7 +747,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const int r = lr + 8 * hr;
                 const int col = 8 * (j >> 2) + 2 * (lane & 3);
                 const int pn = col >> 6, c = col & 63;
-                const uint32_t addr = q_rows + pn * (BM * 128) + r * 128 +
+                const uint32_t addr = o_rows + pn * (BM * 128) + r * 128 +
                                       ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
                 const uint32_t v = sm90_pack2<BF16>(o[j] * inv[hr], o[j + 1] * inv[hr]);
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -736,22 +760,29 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             if (t == 0 && by_tma) {
 #pragma unroll
                 for (int pn = 0; pn < L::PANELS; pn++)
-                    sm90_tma_store_4d(&tm_o, q_rows + pn * (BM * 128), pn * 64, so.q0 + wrow0, h, so.tb);
+                    sm90_tma_store_4d(&tm_o, o_rows + pn * (BM * 128), pn * 64, so.q0 + wrow0, h, so.tb);
                 sm90_bulk_commit();
             }
-            if (FEAT == 2 && by_hand) sm90_store_o_rows<D, BM>(f, q_rows, so, wrow0, so.nq - wrow0, h, t);
+            if (FEAT == 2 && by_hand) sm90_store_o_rows<D, BM>(f, o_rows, so, wrow0, so.nq - wrow0, h, t);
             if ((lane & 3) == 0) {
                 float *lse = p.lse + so.tb * p.lse_sb + h * p.lse_sh;
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
                     if (row0 + 8 * hr < so.nq) lse[(int64_t)(so.q0 + row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
             }
-            /* The Q tile may be refilled (the next tile's Q) once the copy engine has read this
-             * warpgroup's O out of it. The other threads' shared stores are ordered before the
-             * store by the named barrier above. */
-            if (t == 0 && by_tma) sm90_bulk_wait_read();
-            sm90_mbar_arrive(q_empty);
+            /* Without a separate O tile, the Q tile may be refilled (the next tile's Q) once the
+             * copy engine has read this warpgroup's O out of it; the other threads' shared
+             * stores are ordered before the store by the named barrier above. With one, Q was
+             * released after the last S, or here for a tile that saw no key. */
+            if (!L::SEP_O) {
+                if (t == 0 && by_tma) sm90_bulk_wait_read();
+                sm90_mbar_arrive(q_empty);
+            } else if (n_blocks == 0) {
+                sm90_mbar_arrive(q_empty);
+            }
         }
+        /* the last O store must have read its tile before the CTA's shared memory goes */
+        if (L::SEP_O && t == 0) sm90_bulk_wait_read();
     }
 #endif
 }
