@@ -11,7 +11,7 @@ root=$(cd "$here/../../.." && pwd)
 out=${1:-$here/build}
 mkdir -p "$out"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I"$root/src" ${FC_NVCC_FLAGS:-} \
-    -o "$out/check_fwd_sm90" "$here/check_fwd_sm90.cu" "$root/src/cuda/hopper/fwd_sm90.cu" "$root/src/cuda/hopper/sm90_tmap.cu" \
+    -o "$out/check_fwd_sm90" "$here/check_fwd_sm90.cu" "$root/src/cuda/hopper/fwd_sm90.cu" "$root/src/cuda/hopper/sm90_tmap.cu" -lpthread \
     2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 # A spill, a stack frame, an ignored setmaxnreg (C7508) or a serialized wgmma (C7515) is a
 # performance bug: say so loudly.

@@ -28,7 +28,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,48 +37,6 @@
 
 #include "check_util.h"
 #include "../../../src/cuda/hopper/bwd_sm90.h"
-
-/* ---- a parallel for over [0, n) on all cores ----------------------------------------------- */
-
-typedef void (*range_fn)(void *ctx, long lo, long hi);
-typedef struct par_job {
-    range_fn fn;
-    void *ctx;
-    long n, next;
-    pthread_mutex_t mu;
-} par_job;
-
-static void *par_worker(void *arg)
-{
-    par_job *j = (par_job *)arg;
-    for (;;) {
-        pthread_mutex_lock(&j->mu);
-        const long lo = j->next;
-        const long chunk = j->n / 256 + 1;
-        j->next += chunk;
-        pthread_mutex_unlock(&j->mu);
-        if (lo >= j->n) break;
-        j->fn(j->ctx, lo, lo + chunk < j->n ? lo + chunk : j->n);
-    }
-    return NULL;
-}
-
-static void par_for(long n, range_fn fn, void *ctx)
-{
-    static int nthreads = 0;
-    if (!nthreads) {
-        nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (nthreads < 1) nthreads = 1;
-        if (nthreads > 64) nthreads = 64;
-    }
-    par_job j;
-    j.fn = fn, j.ctx = ctx, j.n = n, j.next = 0;
-    pthread_mutex_init(&j.mu, NULL);
-    pthread_t th[64];
-    for (int i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, par_worker, &j);
-    for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
-    pthread_mutex_destroy(&j.mu);
-}
 
 /* ---- float64 reference ---------------------------------------------------------------------- */
 

@@ -186,6 +186,92 @@ static float case_slope(const fcase *c, const float *slopes, int b, int h)
     return slopes[c->alibi == 2 ? b * c->hq + h : h];
 }
 
+/* One query row's share of the comparison with the float64 reference. */
+typedef struct ref_row {
+    double err2, ref2, lse_err;
+    long nan_o, bad_lse;
+} ref_row;
+
+/* What the reference rows read: the case, its inputs as doubles (in the 16-bit tensors'
+ * layout), the kernel's O and LSE, and a slot per row ([b][h][i]) for the results. */
+typedef struct ref_job {
+    const fcase *c;
+    const float *hs;
+    const uint16_t *ho;
+    const float *hl;
+    double *qd, *kd, *vd;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh;
+    ref_row *rows;
+} ref_job;
+
+static double *to_doubles(const uint16_t *x, size_t n, int bf16)
+{
+    double *d = (double *)malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = from16(x[i], bf16);
+    return d;
+}
+
+/* Rows [lo, hi) of [batch][heads_q][seqlen_q]: softmax(scale Q K^T + features) V in float64
+ * against the kernel's O, and the LSE against the kernel's. */
+static void ref_rows(void *ctx, long lo, long hi)
+{
+    const ref_job *j = (const ref_job *)ctx;
+    const fcase *c = j->c;
+    const int SQ = c->sq, SK = c->sk, HQ = c->hq, D = c->d, group = c->hq / c->hkv;
+    const double scale = 1.0 / sqrt((double)D);
+    const long off = c->causal == 2 ? 0 : (long)SK - SQ;
+    double *sc = (double *)malloc((size_t)SK * 8), *acc = (double *)malloc((size_t)D * 8);
+    int *vis = (int *)malloc((size_t)SK * sizeof(int));
+    for (long r = lo; r < hi; r++) {
+        const int i = (int)(r % SQ), h = (int)(r / SQ % HQ), b = (int)(r / SQ / HQ), hk_ = h / group;
+        ref_row *out = &j->rows[r];
+        const double *qr = j->qd + b * j->q_sb + i * j->q_ss + h * j->q_sh;
+        const uint16_t *orow = j->ho + b * j->q_sb + i * j->q_ss + h * j->q_sh;
+        const double slope = case_slope(c, j->hs, b, h);
+        double mx = -INFINITY;
+        int e = 0; /* keys seen */
+        for (int k = 0; k < SK; k++) {
+            vis[k] = visible(c, i, k);
+            if (!vis[k]) continue;
+            e++;
+            const double *kr = j->kd + b * j->k_sb + k * j->k_ss + hk_ * j->k_sh;
+            double dot = 0;
+            for (int x = 0; x < D; x++) dot += qr[x] * kr[x];
+            double xs = dot * scale; /* scale, softcap, ALiBi: flashc.h's order */
+            if (c->softcap > 0) xs = c->softcap * tanh(xs / c->softcap);
+            if (c->alibi) xs -= slope * fabs((double)(i + off - k));
+            sc[k] = xs;
+            if (sc[k] > mx) mx = sc[k];
+        }
+        double sum = 0;
+        for (int x = 0; x < D; x++) acc[x] = 0;
+        for (int k = 0; k < SK; k++) {
+            if (!vis[k]) continue;
+            const double pk = exp(sc[k] - mx);
+            sum += pk;
+            const double *vr = j->vd + b * j->k_sb + k * j->k_ss + hk_ * j->k_sh;
+            for (int x = 0; x < D; x++) acc[x] += pk * vr[x];
+        }
+        for (int x = 0; x < D; x++) {
+            const double ref = e > 0 ? acc[x] / sum : 0.0;
+            const float got = from16(orow[x], c->bf16);
+            if (isnan(got)) out->nan_o++;
+            out->err2 += (got - ref) * (got - ref);
+            out->ref2 += ref * ref;
+        }
+        const double lref = e > 0 ? mx + log(sum) : -INFINITY;
+        const float lgot = j->hl[(size_t)b * HQ * SQ + (size_t)h * SQ + i];
+        if (e == 0) {
+            if (!(isinf(lgot) && lgot < 0)) out->bad_lse++;
+        } else if (!isfinite(lgot) || fabs(lgot - lref) > 1e-3) {
+            out->bad_lse++;
+        } else {
+            out->lse_err = fabs(lgot - lref);
+        }
+    }
+    free(sc), free(acc), free(vis);
+}
+
 static int run_case(const fcase *c, const cudaDeviceProp *prop)
 {
     const int B = c->batch, SQ = c->sq, SK = c->sk, HQ = c->hq, HK = c->hkv, D = c->d;
@@ -260,71 +346,31 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     CK(cudaMemcpy(ho, dout, nq * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hl, dl, (size_t)B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
 
-    /* float64 reference, row by row */
-    const double scale = 1.0 / sqrt((double)D);
-    const long off = c->causal == 2 ? 0 : (long)SK - SQ;
-    int *vis = (int *)malloc((size_t)SK * sizeof(int));
+    /* float64 reference, row by row on all cores; each row's error terms land in its own
+     * slot and are summed in row order, so the figures do not depend on the thread count */
+    ref_job rj;
+    rj.c = c, rj.hs = hs, rj.ho = ho, rj.hl = hl;
+    rj.q_sb = q_sb, rj.q_ss = q_ss, rj.q_sh = q_sh, rj.k_sb = k_sb, rj.k_ss = k_ss, rj.k_sh = k_sh;
+    rj.qd = to_doubles(hq, nq, c->bf16), rj.kd = to_doubles(hk, nk, c->bf16), rj.vd = to_doubles(hv, nk, c->bf16);
+    const long rows = (long)B * HQ * SQ;
+    rj.rows = (ref_row *)calloc((size_t)rows, sizeof(ref_row));
+    par_for(rows, ref_rows, &rj);
     double err2 = 0, ref2 = 0, lse_err = 0;
     long nan_o = 0, bad_lse = 0;
-    double *sc = (double *)malloc((size_t)SK * 8), *acc = (double *)malloc((size_t)D * 8);
-    const int group = HQ / HK;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < HQ; h++) {
-            const int hk_ = h / group;
-            for (int i = 0; i < SQ; i++) {
-                const uint16_t *qr = hq + b * q_sb + i * q_ss + h * q_sh;
-                const uint16_t *orow = ho + b * q_sb + i * q_ss + h * q_sh;
-                double mx = -INFINITY;
-                const double slope = case_slope(c, hs, b, h);
-                int e = 0; /* keys seen */
-                for (int j = 0; j < SK; j++) {
-                    vis[j] = visible(c, i, j);
-                    if (!vis[j]) continue;
-                    e++;
-                    const uint16_t *kr = hk + b * k_sb + j * k_ss + hk_ * k_sh;
-                    double dot = 0;
-                    for (int x = 0; x < D; x++) dot += (double)from16(qr[x], c->bf16) * from16(kr[x], c->bf16);
-                    double xs = dot * scale; /* scale, softcap, ALiBi: flashc.h's order */
-                    if (c->softcap > 0) xs = c->softcap * tanh(xs / c->softcap);
-                    if (c->alibi) xs -= slope * fabs((double)(i + off - j));
-                    sc[j] = xs;
-                    if (sc[j] > mx) mx = sc[j];
-                }
-                double sum = 0;
-                for (int x = 0; x < D; x++) acc[x] = 0;
-                for (int j = 0; j < SK; j++) {
-                    if (!vis[j]) continue;
-                    const double pj = exp(sc[j] - mx);
-                    sum += pj;
-                    const uint16_t *vr = hv + b * k_sb + j * k_ss + hk_ * k_sh;
-                    for (int x = 0; x < D; x++) acc[x] += pj * from16(vr[x], c->bf16);
-                }
-                for (int x = 0; x < D; x++) {
-                    const double ref = e > 0 ? acc[x] / sum : 0.0;
-                    const float got = from16(orow[x], c->bf16);
-                    if (isnan(got)) nan_o++;
-                    err2 += (got - ref) * (got - ref);
-                    ref2 += ref * ref;
-                }
-                const double lref = e > 0 ? mx + log(sum) : -INFINITY;
-                const float lgot = hl[(size_t)b * HQ * SQ + (size_t)h * SQ + i];
-                if (e == 0) {
-                    if (!(isinf(lgot) && lgot < 0)) bad_lse++;
-                } else if (!isfinite(lgot) || fabs(lgot - lref) > 1e-3) {
-                    bad_lse++;
-                } else if (fabs(lgot - lref) > lse_err) {
-                    lse_err = fabs(lgot - lref);
-                }
-            }
-        }
+    for (long r = 0; r < rows; r++) {
+        err2 += rj.rows[r].err2, ref2 += rj.rows[r].ref2;
+        nan_o += rj.rows[r].nan_o, bad_lse += rj.rows[r].bad_lse;
+        if (rj.rows[r].lse_err > lse_err) lse_err = rj.rows[r].lse_err;
+    }
+    free(rj.rows), free(rj.qd), free(rj.kd), free(rj.vd);
     const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
     const double tol = c->bf16 ? 5e-3 : 5e-4;
     const int ok = nan_o == 0 && bad_lse == 0 && rel <= tol;
     printf("%s %s: O rel err %.2e (tol %.0e), LSE max abs err %.2e, NaN in O %ld, bad LSE rows %ld\n",
            ok ? "PASS" : "FAIL", name, rel, tol, lse_err, nan_o, bad_lse);
-    free(vis), free(hs);
+    free(hs);
     if (dslopes) cudaFree(dslopes);
-    free(sc), free(acc), free(hq), free(hk), free(hv), free(ho), free(hl);
+    free(hq), free(hk), free(hv), free(ho), free(hl);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dl);
     return ok;
 }

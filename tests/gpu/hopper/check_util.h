@@ -4,7 +4,8 @@
  * waiting for the device with a time limit: a deadlocked pipeline (or a semaphore that never
  * arrives) is reported as HANG and the program exits 3, instead of hanging the run. The limit
  * is 30 s, or FLASHC_HANG_SECONDS: under compute-sanitizer's racecheck every shared-memory
- * access is instrumented and a kernel that takes milliseconds can take minutes.
+ * access is instrumented and a kernel that takes milliseconds can take minutes. Also a
+ * parallel for over all cores, for the float64 references.
  */
 #ifndef FLASHC_TESTS_CHECK_UTIL_H
 #define FLASHC_TESTS_CHECK_UTIL_H
@@ -12,11 +13,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CK(x)                                                                               \
     do {                                                                                    \
@@ -87,6 +90,48 @@ static void sync_or_die(const char *what)
             exit(3);
         }
     }
+}
+
+/* ---- a parallel for over [0, n) on all cores ----------------------------------------------- */
+
+typedef void (*range_fn)(void *ctx, long lo, long hi);
+typedef struct par_job {
+    range_fn fn;
+    void *ctx;
+    long n, next;
+    pthread_mutex_t mu;
+} par_job;
+
+static void *par_worker(void *arg)
+{
+    par_job *j = (par_job *)arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const long lo = j->next;
+        const long chunk = j->n / 256 + 1;
+        j->next += chunk;
+        pthread_mutex_unlock(&j->mu);
+        if (lo >= j->n) break;
+        j->fn(j->ctx, lo, lo + chunk < j->n ? lo + chunk : j->n);
+    }
+    return NULL;
+}
+
+static void par_for(long n, range_fn fn, void *ctx)
+{
+    static int nthreads = 0;
+    if (!nthreads) {
+        nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (nthreads < 1) nthreads = 1;
+        if (nthreads > 64) nthreads = 64;
+    }
+    par_job j;
+    j.fn = fn, j.ctx = ctx, j.n = n, j.next = 0;
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th[64];
+    for (int i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, par_worker, &j);
+    for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.mu);
 }
 
 #endif
