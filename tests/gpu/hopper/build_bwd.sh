@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 out=${1:-$here/build}
 mkdir -p "$out"
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I"$root/src" \
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I"$root/src" ${FC_NVCC_FLAGS:-} \
     -o "$out/check_bwd_sm90" "$here/check_bwd_sm90.cu" "$root/src/cuda/hopper/bwd_sm90.cu" "$root/src/cuda/hopper/sm90_tmap.cu" -lpthread \
     2> "$out/ptxas_bwd.txt" || { cat "$out/ptxas_bwd.txt"; exit 1; }
 # A spill, a stack frame, an ignored setmaxnreg (C7508) or a serialized wgmma (C7515) is a
