@@ -14,6 +14,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
@@ -73,6 +74,32 @@ static int avx512_supported(void)
 {
     const flashc_cpu_features *f = flashc_cpu_get_features();
     return f->avx512f && f->avx512bw && f->avx512vl && f->fma;
+}
+
+/* Lane i = v[i]'s lanes folded by max (use_max, a constant after inlining) or by sum: a
+ * transposing tree, 15 steps of two shuffles and an operation for 16 results, where 16
+ * separate reductions would take 16 x 4. */
+static inline __attribute__((always_inline)) __m512 avx512_fold16(const __m512 *v,
+                                                                  const int use_max)
+{
+#define FOLD(a, b) (use_max ? _mm512_max_ps((a), (b)) : _mm512_add_ps((a), (b)))
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) */
+        t[i] = FOLD(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                    _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: the lane's sums of 4 inputs */
+        u[i] = FOLD(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                    _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xee));
+    for (int i = 0; i < 2; i++) /* then across the four 128-bit lanes */
+        w[i] = FOLD(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                    _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return FOLD(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+#undef FOLD
+}
+
+static inline __m512 avx512_sum16(const __m512 *v)
+{
+    return avx512_fold16(v, 0);
 }
 
 /* ---- bf16 products (AVX512_BF16), used only when the processor has it ---- */
@@ -276,44 +303,130 @@ static inline __m512 avx512_vexp2_p16(__m512 t)
     return _mm512_scalef_ps(p, n);
 }
 
-/* The online softmax of the bf16 forward with P's rounding fused into it: each vector of
- * exponentials is stored as float (the running sum and the paths that still need float P
- * use it) and, while still in a register, as bf16, which saves round_p16's second pass over
- * the block. The exponential is avx512_vexp2_p16 of (x - max) log2 e. */
+/* Lane r = the largest visible score of row r of s (-inf for r >= g): each row folded to
+ * one vector, then the 16 vectors by one transposing tree. */
+static inline __m512 avx512_rows_max16(const float *s, int g, const int *ncols)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 v[16];
+    for (int r = 0; r < 16; r++) {
+        const float *srow = s + r * FLASHC_CPU_BLOCK_N;
+        const int nc = r < g ? ncols[r] : 0;
+        __m512 mx = neg_inf;
+        if (nc == FLASHC_CPU_BLOCK_N) /* every key visible, as in most blocks: no lane masks */
+            for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                mx = _mm512_max_ps(mx, _mm512_load_ps(srow + c0));
+        else
+            for (int c0 = 0; c0 < nc; c0 += 16)
+                mx = _mm512_max_ps(mx, VSELECT_LT(c0, nc, _mm512_load_ps(srow + c0), neg_inf));
+        v[r] = mx;
+    }
+    return avx512_fold16(v, 1);
+}
+
+/* A row with nothing visible so far: P = 0, and its sum NaN when a visible score is (the
+ * vector max drops NaN, so it is looked for here, off the hot path, as the float softmax
+ * does). */
+static void avx512_p16_row_dead(const float *srow, int nc, float *row_sum, uint16_t *prow)
+{
+    for (int c = 0; c < nc; c++)
+        if (srow[c] != srow[c])
+            *row_sum = NAN;
+    memset(prow, 0, FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+}
+
+/* One row's P = 2^((x sc - max) log2 e), rounded to bf16 into prow (zero past n); returns
+ * the float exponentials' sum, lane by lane. x - max first, as the float softmax does: the
+ * product by log2 e after it stays finite wherever x - max is. */
+static inline BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, __m512 vsc,
+                                            float max, uint16_t *prow)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
+    const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
+    __m512 vsum = _mm512_setzero_ps();
+    int c0 = 0;
+    for (; c0 < n; c0 += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax), vl2e);
+        if (nc < FLASHC_CPU_BLOCK_N)
+            x = VSELECT_LT(c0, nc, x, neg_inf);
+        const __m512 e = avx512_vexp2_p16(x);
+        _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+        _mm256_store_si256((__m256i *)(prow + c0), _mm256_setzero_si256());
+    return vsum;
+}
+
+/* The online softmax of up to 16 rows (g) of the bf16 forward, with P's rounding fused in.
+ * The rows' maxima, sums and rescale factors are the lanes of one vector, so the
+ * bookkeeping that a 64-key row paid alone (two horizontal reductions and a scalar exp) is
+ * shared by 16 rows; only P16 is written, s is scratch afterwards. The rescale factor
+ * e^(old max - new max) is avx512_vexp's: exactly 1 where the max stayed, 0 from -inf. */
+static BF16_FN void avx512_softmax16_rows(float *s, int g, int n, const int *ncols, float sc,
+                                          float *row_max, float *row_sum, float *o, int dp,
+                                          uint16_t *p16)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 old = _mm512_mask_loadu_ps(neg_inf, rows, row_max);
+    /* sc > 0 keeps the order, -inf stays -inf; a NaN lane keeps the old max (maxps' second
+     * operand) */
+    const __m512 newm =
+        _mm512_max_ps(_mm512_mul_ps(avx512_rows_max16(s, g, ncols), _mm512_set1_ps(sc)), old);
+    const __mmask16 dead = _mm512_mask_cmp_ps_mask(rows, newm, neg_inf, _CMP_EQ_OQ);
+    float maxes[16] __attribute__((aligned(64)));
+    _mm512_store_ps(maxes, newm);
+    const __m512 vsc = _mm512_set1_ps(sc);
+    __m512 sums[16];
+    for (int r = 0; r < 16; r++) {
+        float *srow = s + r * FLASHC_CPU_BLOCK_N;
+        uint16_t *prow = p16 + r * FLASHC_CPU_BLOCK_N;
+        sums[r] = _mm512_setzero_ps();
+        if (r >= g)
+            continue;
+        if (dead >> r & 1)
+            avx512_p16_row_dead(srow, ncols[r], row_sum + r, prow);
+        else
+            sums[r] = avx512_p16_row(srow, n, ncols[r], vsc, maxes[r], prow);
+    }
+    const __mmask16 live = rows & ~dead;
+    const __m512 alpha = _mm512_maskz_mov_ps(live, avx512_vexp(_mm512_sub_ps(old, newm)));
+    const __m512 sum = _mm512_maskz_loadu_ps(live, row_sum);
+    _mm512_mask_storeu_ps(row_sum, live, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
+    _mm512_mask_storeu_ps(row_max, live, newm);
+    /* lazy: only rows whose max grew (NaN counts, as alpha != 1 does) */
+    unsigned grew = _mm512_mask_cmp_ps_mask(live, alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
+    float alphas[16] __attribute__((aligned(64)));
+    _mm512_store_ps(alphas, alpha);
+    for (; grew; grew &= grew - 1) {
+        const int r = __builtin_ctz(grew);
+        const __m512 va = _mm512_set1_ps(alphas[r]);
+        float *orow = o + (ptrdiff_t)r * dp;
+        for (int d = 0; d < dp; d += 16)
+            _mm512_store_ps(orow + d, _mm512_mul_ps(_mm512_load_ps(orow + d), va));
+    }
+}
+
+/* The online softmax of the bf16 forward, 16 rows at a time. A negative scale turns the max
+ * into a min: such rows are scaled first and then treated with scale 1. */
 static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
                                      float *row_max, float *row_sum, float *o, int dp,
                                      uint16_t *p16)
 {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int r = 0; r < m; r++) {
-        float *srow = s + r * FLASHC_CPU_BLOCK_N;
-        uint16_t *prow = p16 + r * FLASHC_CPU_BLOCK_N;
-        const int nc = ncols[r];
-        float new_max, sc;
-        int c0 = 0;
-        if (avx512_softmax_head(srow, n, nc, scale, row_max + r, row_sum + r, &new_max, &sc)) {
-            const __m512 vnegmax = _mm512_set1_ps(-new_max), vsc = _mm512_set1_ps(sc);
-            const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
-            __m512 vsum = _mm512_setzero_ps();
-            const int full = nc == FLASHC_CPU_BLOCK_N; /* no lane masks to apply */
-            for (; c0 < n; c0 += 16) {
-                /* x - max first, as the float softmax does: the product by log2 e after it
-                 * stays finite wherever x - max is */
-                __m512 x = _mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax);
-                x = _mm512_mul_ps(x, vl2e);
-                if (!full)
-                    x = VSELECT_LT(c0, nc, x, neg_inf);
-                __m512 e = avx512_vexp2_p16(x);
-                _mm512_store_ps(srow + c0, e);
-                _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
-                vsum = _mm512_add_ps(vsum, e);
-            }
-            avx512_softmax_tail(new_max, _mm512_reduce_add_ps(vsum), row_max + r, row_sum + r,
-                                o + (ptrdiff_t)r * dp, dp);
-        }
-        for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16) /* past n, or the whole of a row with P = 0 */
-            _mm256_store_si256((__m256i *)(prow + c0), _mm256_setzero_si256());
+    if (scale < 0.0f) {
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int r = 0; r < m; r++)
+            for (int c0 = 0; c0 < n; c0 += 16)
+                _mm512_store_ps(s + r * FLASHC_CPU_BLOCK_N + c0,
+                                _mm512_mul_ps(_mm512_load_ps(s + r * FLASHC_CPU_BLOCK_N + c0),
+                                              vscale));
+        scale = 1.0f;
     }
+    for (int r0 = 0; r0 < m; r0 += 16)
+        avx512_softmax16_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
+                              ncols + r0, scale, row_max + r0, row_sum + r0,
+                              o + (ptrdiff_t)r0 * dp, dp, p16 + r0 * FLASHC_CPU_BLOCK_N);
 }
 
 /* Rows r, r+1 of src become the 32-bit pairs (r, c), (r + 1, c) of row r/2 of dst: both rows
@@ -365,24 +478,6 @@ static inline __m512 avx512_row16(const void *row, int64_t off, int dtype, __mma
 static inline __mmask16 avx512_tail_mask(int64_t d)
 {
     return (d & 15) ? (__mmask16)((1u << (d & 15)) - 1) : (__mmask16)0xffff;
-}
-
-/* Lane i = the sum of v[i]'s lanes: a transposing add tree, 15 steps of two shuffles and an
- * add for 16 sums, where 16 separate reductions would take 16 x 4. */
-static inline __m512 avx512_sum16(__m512 *v)
-{
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) */
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) /* per 128-bit lane: the lane's sums of 4 inputs */
-        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xee));
-    for (int i = 0; i < 2; i++) /* then across the four 128-bit lanes */
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
 }
 
 /* The lines of row c of pf (if there is one), asked for while row c of the block is used. */
