@@ -86,6 +86,17 @@ static size_t forward_scratch_floats(int dp)
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4; /* max, sum, ncols, cbeg */
 }
 
+/* The block's output rows are written once, at its end, and lie a whole row of heads apart:
+ * they are asked for a few at a time while its key blocks run (step of steps), so that
+ * their first touch does not wait on memory then. */
+static void prefetch_out_rows(const forward_job *job, const flashc_seq *sq, int64_t i0, int m,
+                              int64_t h, int64_t step, int64_t steps)
+{
+    const int r0 = (int)(m * step / steps), r1 = (int)(m * (step + 1) / steps);
+    for (int r = r0; r < r1; r++)
+        flashc_cpu_prefetch_row(job->out, sq->batch, sq->q0 + i0 + r, h, 1);
+}
+
 /* Pass 2: one block of queries of one (sequence, head). */
 static void forward_task(void *ctx, int64_t task, int thread)
 {
@@ -153,6 +164,7 @@ static void forward_task(void *ctx, int64_t task, int thread)
         const void *kp = packed_block(job, job->kpack, b, hk, kblock);
         const void *vp = packed_block(job, job->vpack, b, hk, kblock);
         const int left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
+        prefetch_out_rows(job, &sq, i0, m, h, kblock - jb0, jb1 - jb0);
         float sc = s_scale;
         if (job->use16)
             kern->gemm_panel16(m, dp, q16, dp, kp, s);
@@ -187,9 +199,11 @@ static void forward_task(void *ctx, int64_t task, int thread)
 
     for (int r = 0; r < m; r++) {
         float *arow = acc + (ptrdiff_t)r * dp;
-        float lse_r, inv = 1.0f;
+        float lse_r;
         if (row_sum[r] > 0.0f) {
-            inv = 1.0f / row_sum[r];
+            const float inv = 1.0f / row_sum[r];
+            for (ptrdiff_t d = 0; d < dp; d++)
+                arow[d] *= inv;
             lse_r = row_max[r] + logf(row_sum[r]);
         } else if (row_sum[r] == 0.0f) { /* every key masked */
             memset(arow, 0, (size_t)dp * sizeof(float));
@@ -200,8 +214,8 @@ static void forward_task(void *ctx, int64_t task, int thread)
             lse_r = NAN;
         }
         *flashc_lse_ptr(job->lse, sq.batch, h, sq.q0 + i0 + r) = lse_r;
-        flashc_cpu_store_rows(job->out, arow, dp, sq.batch, sq.q0 + i0 + r, 1, h, inv);
     }
+    flashc_cpu_store_rows(job->out, acc, dp, sq.batch, sq.q0 + i0, m, h, 1.0f);
 }
 
 flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
