@@ -77,22 +77,42 @@ static void pack_task(void *ctx, int64_t task, int thread)
     }
 }
 
+/* Key blocks of one online-softmax step on the bf16 path: the products still run per
+ * 64-key block, but the running max, the rescale of O and the O tiles' load and store
+ * happen once per step. */
+enum { STEP_BLOCKS = 4 };
+
 /* Per-thread scratch, in floats. */
 static size_t forward_scratch_floats(int dp)
 {
     return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 2 + /* Q (or Q16), O */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 2 + /* S / P, dropout */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) + /* P16 */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * STEP_BLOCKS + /* S / P */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) +               /* dropout */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) * STEP_BLOCKS + /* P16 */
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4; /* max, sum, ncols, cbeg */
 }
 
+/* The key blocks, from kblock on (before jb1), that one softmax step of the bf16 path
+ * takes: up to STEP_BLOCKS, ending before a block whose V holds a NaN or inf (that one
+ * takes the product that skips masked keys); at least 1. */
+static int step_blocks(const forward_job *job, int64_t b, int64_t hk, int64_t kblock,
+                       int64_t jb1)
+{
+    const size_t at = flashc_cpu_packed_index(&job->kb, job->pr->heads_kv, b, hk, kblock);
+    int nb = 1;
+    while (nb < STEP_BLOCKS && kblock + nb < jb1 && !job->vbad[at] && !job->vbad[at + nb])
+        nb++;
+    return nb;
+}
+
 /* The block's output rows are written once, at its end, and lie a whole row of heads apart:
- * they are asked for a few at a time while its key blocks run (step of steps), so that
+ * they are asked for a few at a time while its key blocks run (blocks done to upto of
+ * steps), so that
  * their first touch does not wait on memory then. */
 static void prefetch_out_rows(const forward_job *job, const flashc_seq *sq, int64_t i0, int m,
-                              int64_t h, int64_t step, int64_t steps)
+                              int64_t h, int64_t done, int64_t upto, int64_t steps)
 {
-    const int r0 = (int)(m * step / steps), r1 = (int)(m * (step + 1) / steps);
+    const int r0 = (int)(m * done / steps), r1 = (int)(m * upto / steps);
     for (int r = r0; r < r1; r++)
         flashc_cpu_prefetch_row(job->out, sq->batch, sq->q0 + i0 + r, h, 1);
 }
@@ -129,10 +149,11 @@ static void forward_task(void *ctx, int64_t task, int thread)
     float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
     float *acc = qbuf + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
     float *s = acc + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
-    float *drop = s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N);
+    float *drop = s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * STEP_BLOCKS;
     uint16_t *p16 =
         (uint16_t *)(drop + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N));
-    float *row_max = (float *)p16 + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2);
+    float *row_max = (float *)p16 + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) *
+                                        STEP_BLOCKS;
     float *row_sum = row_max + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
     int *ncols = (int *)(row_sum + flashc_cpu_lines(FLASHC_CPU_BLOCK_M));
     int *cbeg = ncols + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
@@ -158,13 +179,31 @@ static void forward_task(void *ctx, int64_t task, int thread)
     flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
     int64_t lo_first, key_end;
     flashc_seq_key_range(pr, &sq, i0 + m - 1, &lo_first, &key_end); /* the last row ends last */
-    for (int64_t kblock = jb0; kblock < jb1; kblock++) {
+    /* steps of several blocks: plain scores (no feature pass between the products and the
+     * softmax) and P made by softmax16 */
+    const int steps = job->use16 && kern->softmax16 && !dropout && !mods;
+    int nb;
+    for (int64_t kblock = jb0; kblock < jb1; kblock += nb) {
         const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
-        const int n = flashc_cpu_block_len(key_end, j0, FLASHC_CPU_BLOCK_N);
+        nb = steps ? step_blocks(job, b, hk, kblock, jb1) : 1;
+        int n = flashc_cpu_block_len(key_end, j0, (int64_t)nb * FLASHC_CPU_BLOCK_N);
+        int left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
+        if (left && nb > 1) { /* a window's left edge: its mask is applied block by block */
+            nb = 1;
+            n = flashc_cpu_block_len(key_end, j0, FLASHC_CPU_BLOCK_N);
+            left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
+        }
         const void *kp = packed_block(job, job->kpack, b, hk, kblock);
         const void *vp = packed_block(job, job->vpack, b, hk, kblock);
-        const int left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
-        prefetch_out_rows(job, &sq, i0, m, h, kblock - jb0, jb1 - jb0);
+        prefetch_out_rows(job, &sq, i0, m, h, kblock - jb0, kblock + nb - jb0, jb1 - jb0);
+        if (nb > 1) {
+            for (int k = 0; k < nb; k++)
+                kern->gemm_panel16(m, dp, q16, dp, packed_block(job, job->kpack, b, hk, kblock + k),
+                                   s + k * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N);
+            kern->softmax16(s, m, n, ncols, s_scale, row_max, row_sum, acc, dp, p16);
+            kern->gemm_acc16(m, n, dp, p16, vp, acc);
+            continue;
+        }
         float sc = s_scale;
         if (job->use16)
             kern->gemm_panel16(m, dp, q16, dp, kp, s);

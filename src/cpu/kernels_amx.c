@@ -136,54 +136,59 @@ static void amx_gemm_panel16_acc(int m, int k, const uint16_t *a, ptrdiff_t lda,
     amx_panel16(m, k, a, lda, panel16, c, 1);
 }
 
-/* O[64-row buffer][dp] += P16 * vpair16 over whole 32-key steps (P16 is 0 past n). */
+/* One 16-row strip of O, tiles columns c0.. (nt = 4 or 2 of them), += P16 * vpair16 over
+ * whole 32-key steps: the C tiles stay loaded over all n keys of the step, which may span
+ * several [64][64] blocks of P16 (and as many consecutive blocks of vpair16). */
+static inline __attribute__((always_inline)) void
+amx_acc16_strip(const int nt, int n, int dp, const uint16_t *ar, const uint16_t *vpair16,
+                int c0, float *cr)
+{
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
+    const size_t cstride = (size_t)dp * sizeof(float);
+    _tile_loadd(0, cr + c0 + 0, cstride);
+    _tile_loadd(1, cr + c0 + 16, cstride);
+    if (nt == 4) {
+        _tile_loadd(2, cr + c0 + 32, cstride);
+        _tile_loadd(3, cr + c0 + 48, cstride);
+    }
+    for (int kb = 0; kb < n; kb += 32) {
+        const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+        _tile_loadd(4, ar + (kb / FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N +
+                           kb % FLASHC_CPU_BLOCK_N,
+                    astride);
+        _tile_loadd(5, bp + 0 * 32, bstride);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, bp + 1 * 32, bstride);
+        _tile_dpbf16ps(1, 4, 6);
+        if (nt == 4) {
+            _tile_loadd(5, bp + 2 * 32, bstride);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(6, bp + 3 * 32, bstride);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+    }
+    _tile_stored(0, cr + c0 + 0, cstride);
+    _tile_stored(1, cr + c0 + 16, cstride);
+    if (nt == 4) {
+        _tile_stored(2, cr + c0 + 32, cstride);
+        _tile_stored(3, cr + c0 + 48, cstride);
+    }
+}
+
+/* O[64-row buffer][dp] += P16 * vpair16 (P16 is 0 past n). */
 static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint16_t *vpair16,
                            float *c)
 {
     amx_configure();
-    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
-    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
-    const size_t cstride = (size_t)dp * sizeof(float);
     for (int r0 = 0; r0 < m; r0 += 16) {
         const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
         float *cr = c + (ptrdiff_t)r0 * dp;
         int c0 = 0;
-        for (; c0 + 64 <= dp; c0 += 64) {
-            _tile_loadd(0, cr + c0 + 0, cstride);
-            _tile_loadd(1, cr + c0 + 16, cstride);
-            _tile_loadd(2, cr + c0 + 32, cstride);
-            _tile_loadd(3, cr + c0 + 48, cstride);
-            for (int kb = 0; kb < n; kb += 32) {
-                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
-                _tile_loadd(4, ar + kb, astride);
-                _tile_loadd(5, bp + 0 * 32, bstride);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, bp + 1 * 32, bstride);
-                _tile_dpbf16ps(1, 4, 6);
-                _tile_loadd(5, bp + 2 * 32, bstride);
-                _tile_dpbf16ps(2, 4, 5);
-                _tile_loadd(6, bp + 3 * 32, bstride);
-                _tile_dpbf16ps(3, 4, 6);
-            }
-            _tile_stored(0, cr + c0 + 0, cstride);
-            _tile_stored(1, cr + c0 + 16, cstride);
-            _tile_stored(2, cr + c0 + 32, cstride);
-            _tile_stored(3, cr + c0 + 48, cstride);
-        }
-        if (c0 < dp) { /* dp is a multiple of 32: one group of two tiles left */
-            _tile_loadd(0, cr + c0 + 0, cstride);
-            _tile_loadd(1, cr + c0 + 16, cstride);
-            for (int kb = 0; kb < n; kb += 32) {
-                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
-                _tile_loadd(4, ar + kb, astride);
-                _tile_loadd(5, bp + 0 * 32, bstride);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, bp + 1 * 32, bstride);
-                _tile_dpbf16ps(1, 4, 6);
-            }
-            _tile_stored(0, cr + c0 + 0, cstride);
-            _tile_stored(1, cr + c0 + 16, cstride);
-        }
+        for (; c0 + 64 <= dp; c0 += 64)
+            amx_acc16_strip(4, n, dp, ar, vpair16, c0, cr);
+        if (c0 < dp) /* dp is a multiple of 32: one group of two tiles left */
+            amx_acc16_strip(2, n, dp, ar, vpair16, c0, cr);
     }
 }
 

@@ -108,6 +108,9 @@ static inline __m512 avx512_sum16(const __m512 *v)
  * runnable on AVX-512 parts without it. */
 #define BF16_FN __attribute__((target("avx512bf16")))
 
+/* A softmax step of several key blocks keeps S and P16 as one [64][64] block after another. */
+enum { SCORE_BLOCK = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N };
+
 /* C[mr][64] = A16[mr][0:k] * panel16: per pair of dims, broadcast one 32-bit (d, d+1) pair of
  * each row and dot it with 4 zmm of 16 keys x 2 dims. */
 static inline __attribute__((always_inline)) BF16_FN void
@@ -253,8 +256,8 @@ static const acc16_fn acc16_tiles[7][2] = {
     {avx512_acc16_6_4, avx512_acc16_6_2},
 };
 
-static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
-                              const uint16_t *vpair16, float *c)
+static void avx512_gemm_acc16_block(int m, int n, int dp, const uint16_t *p16,
+                                    const uint16_t *vpair16, float *c)
 {
     int n2 = (n + 1) & ~1;
     for (int c0 = 0; c0 < dp;) {
@@ -267,6 +270,16 @@ static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
         }
         c0 += wide ? 64 : 32;
     }
+}
+
+/* A step of several key blocks: one block's product after the other. */
+static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
+                              const uint16_t *vpair16, float *c)
+{
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+        avx512_gemm_acc16_block(m, n - k0 < FLASHC_CPU_BLOCK_N ? n - k0 : FLASHC_CPU_BLOCK_N,
+                                dp, p16 + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK,
+                                vpair16 + (ptrdiff_t)k0 * dp, c);
 }
 
 /* bf16 rounding to nearest even of P, 16 at a time with vcvtneps2bf16. Columns from n to 64
@@ -304,57 +317,71 @@ static inline __m512 avx512_vexp2_p16(__m512 t)
 }
 
 /* Lane r = the largest visible score of row r of s (-inf for r >= g): each row folded to
- * one vector, then the 16 vectors by one transposing tree. */
+ * one vector over the step's blocks, then the 16 vectors by one transposing tree. */
 static inline __m512 avx512_rows_max16(const float *s, int g, const int *ncols)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     __m512 v[16];
     for (int r = 0; r < 16; r++) {
-        const float *srow = s + r * FLASHC_CPU_BLOCK_N;
         const int nc = r < g ? ncols[r] : 0;
         __m512 mx = neg_inf;
-        if (nc == FLASHC_CPU_BLOCK_N) /* every key visible, as in most blocks: no lane masks */
-            for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-                mx = _mm512_max_ps(mx, _mm512_load_ps(srow + c0));
-        else
-            for (int c0 = 0; c0 < nc; c0 += 16)
-                mx = _mm512_max_ps(mx, VSELECT_LT(c0, nc, _mm512_load_ps(srow + c0), neg_inf));
+        for (int k0 = 0; k0 < nc; k0 += FLASHC_CPU_BLOCK_N) {
+            const float *srow = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
+            const int bnc = nc - k0;
+            if (bnc >= FLASHC_CPU_BLOCK_N) /* every key visible, as in most blocks */
+                for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                    mx = _mm512_max_ps(mx, _mm512_load_ps(srow + c0));
+            else
+                for (int c0 = 0; c0 < bnc; c0 += 16)
+                    mx = _mm512_max_ps(mx,
+                                       VSELECT_LT(c0, bnc, _mm512_load_ps(srow + c0), neg_inf));
+        }
         v[r] = mx;
     }
     return avx512_fold16(v, 1);
 }
 
-/* A row with nothing visible so far: P = 0, and its sum NaN when a visible score is (the
- * vector max drops NaN, so it is looked for here, off the hot path, as the float softmax
- * does). */
-static void avx512_p16_row_dead(const float *srow, int nc, float *row_sum, uint16_t *prow)
+/* A row with nothing visible so far: P = 0 over the step's blocks, and its sum NaN when a
+ * visible score is (the vector max drops NaN, so it is looked for here, off the hot path,
+ * as the float softmax does). */
+static void avx512_p16_row_dead(const float *srow, int n, int nc, float *row_sum,
+                                uint16_t *prow)
 {
     for (int c = 0; c < nc; c++)
-        if (srow[c] != srow[c])
+        if (srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N] !=
+            srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N])
             *row_sum = NAN;
-    memset(prow, 0, FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+        memset(prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK, 0,
+               FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
 }
 
-/* One row's P = 2^((x sc - max) log2 e), rounded to bf16 into prow (zero past n); returns
- * the float exponentials' sum, lane by lane. x - max first, as the float softmax does: the
- * product by log2 e after it stays finite wherever x - max is. */
+/* One row's P = 2^((x sc - max) log2 e) over the step's blocks, rounded to bf16 into prow
+ * (zero from n to the end of its block); returns the float exponentials' sum, lane by lane.
+ * x - max first, as the float softmax does: the product by log2 e after it stays finite
+ * wherever x - max is. */
 static inline BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, __m512 vsc,
                                             float max, uint16_t *prow)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
     const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
     __m512 vsum = _mm512_setzero_ps();
-    int c0 = 0;
-    for (; c0 < n; c0 += 16) {
-        __m512 x = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax), vl2e);
-        if (nc < FLASHC_CPU_BLOCK_N)
-            x = VSELECT_LT(c0, nc, x, neg_inf);
-        const __m512 e = avx512_vexp2_p16(x);
-        _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
-        vsum = _mm512_add_ps(vsum, e);
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        const float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        uint16_t *pb = prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        const int bn = n - k0, bnc = nc - k0;
+        int c0 = 0;
+        for (; c0 < bn && c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
+            __m512 x = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_load_ps(sb + c0), vsc, vnegmax), vl2e);
+            if (bnc < FLASHC_CPU_BLOCK_N)
+                x = VSELECT_LT(c0, bnc, x, neg_inf);
+            const __m512 e = avx512_vexp2_p16(x);
+            _mm256_store_si256((__m256i *)(pb + c0), (__m256i)_mm512_cvtneps_pbh(e));
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+            _mm256_store_si256((__m256i *)(pb + c0), _mm256_setzero_si256());
     }
-    for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-        _mm256_store_si256((__m256i *)(prow + c0), _mm256_setzero_si256());
     return vsum;
 }
 
@@ -386,7 +413,7 @@ static BF16_FN void avx512_softmax16_rows(float *s, int g, int n, const int *nco
         if (r >= g)
             continue;
         if (dead >> r & 1)
-            avx512_p16_row_dead(srow, ncols[r], row_sum + r, prow);
+            avx512_p16_row_dead(srow, n, ncols[r], row_sum + r, prow);
         else
             sums[r] = avx512_p16_row(srow, n, ncols[r], vsc, maxes[r], prow);
     }
@@ -416,11 +443,12 @@ static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, f
 {
     if (scale < 0.0f) {
         const __m512 vscale = _mm512_set1_ps(scale);
-        for (int r = 0; r < m; r++)
-            for (int c0 = 0; c0 < n; c0 += 16)
-                _mm512_store_ps(s + r * FLASHC_CPU_BLOCK_N + c0,
-                                _mm512_mul_ps(_mm512_load_ps(s + r * FLASHC_CPU_BLOCK_N + c0),
-                                              vscale));
+        for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+            for (int r = 0; r < m; r++) {
+                float *row = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
+                for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                    _mm512_store_ps(row + c0, _mm512_mul_ps(_mm512_load_ps(row + c0), vscale));
+            }
         scale = 1.0f;
     }
     for (int r0 = 0; r0 < m; r0 += 16)
