@@ -68,6 +68,7 @@ static inline vf avx512_vexp(vf x)
     return _mm512_scalef_ps(p, n);
 }
 
+#define KN_OWN_SOFTMAX /* 16 rows at a time, below */
 #include "cpu/kernels_simd.inc"
 
 static int avx512_supported(void)
@@ -341,19 +342,46 @@ static inline __m512 avx512_rows_max16(const float *s, int g, const int *ncols)
     return avx512_fold16(v, 1);
 }
 
-/* A row with nothing visible so far: P = 0 over the step's blocks, and its sum NaN when a
- * visible score is (the vector max drops NaN, so it is looked for here, off the hot path,
- * as the float softmax does). */
-static void avx512_p16_row_dead(const float *srow, int n, int nc, float *row_sum,
-                                uint16_t *prow)
+/* A row with nothing visible so far: P = 0 over the step's blocks (into prow as bf16, or
+ * over s's first n columns where prow is NULL), and its sum NaN when a visible score is (the
+ * vector max drops NaN, so it is looked for here, off the hot path). */
+static void avx512_row_dead(float *srow, int n, int nc, float *row_sum, uint16_t *prow)
 {
     for (int c = 0; c < nc; c++)
         if (srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N] !=
             srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N])
             *row_sum = NAN;
-    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
-        memset(prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK, 0,
-               FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        if (prow) {
+            memset(prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK, 0,
+                   FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+            continue;
+        }
+        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+            _mm512_store_ps(sb + c0, _mm512_setzero_ps());
+    }
+}
+
+/* One row's float P = e^(x sc - max) in place, over its first n columns (the float
+ * softmax's exponential, avx512_vexp); returns the sum, lane by lane. */
+static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float max)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        const int bnc = nc - k0;
+        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
+            __m512 x = _mm512_fmadd_ps(_mm512_load_ps(sb + c0), vsc, vnegmax);
+            if (bnc < FLASHC_CPU_BLOCK_N)
+                x = VSELECT_LT(c0, bnc, x, neg_inf);
+            const __m512 e = avx512_vexp(x);
+            _mm512_store_ps(sb + c0, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+    }
+    return vsum;
 }
 
 /* One row's P = 2^((x sc - max) log2 e) over the step's blocks, rounded to bf16 into prow
@@ -385,14 +413,15 @@ static inline BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, __
     return vsum;
 }
 
-/* The online softmax of up to 16 rows (g) of the bf16 forward, with P's rounding fused in.
- * The rows' maxima, sums and rescale factors are the lanes of one vector, so the
- * bookkeeping that a 64-key row paid alone (two horizontal reductions and a scalar exp) is
- * shared by 16 rows; only P16 is written, s is scratch afterwards. The rescale factor
- * e^(old max - new max) is avx512_vexp's: exactly 1 where the max stayed, 0 from -inf. */
-static BF16_FN void avx512_softmax16_rows(float *s, int g, int n, const int *ncols, float sc,
-                                          float *row_max, float *row_sum, float *o, int dp,
-                                          uint16_t *p16)
+/* The online softmax of up to 16 rows (g) of a step. The rows' maxima, sums and rescale
+ * factors are the lanes of one vector, so the bookkeeping that a 64-key row paid alone (two
+ * horizontal reductions and a scalar exp) is shared by 16 rows. out16 (a constant after
+ * inlining): P rounded to bf16 into p16 by avx512_vexp2_p16, s is scratch afterwards; else
+ * float P in s. The rescale factor e^(old max - new max) is avx512_vexp's: exactly 1 where
+ * the max stayed, 0 from -inf. */
+static inline __attribute__((always_inline)) void
+avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *row_max,
+                    float *row_sum, float *o, int dp, uint16_t *p16, const int out16)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     const __mmask16 rows = (__mmask16)((1u << g) - 1);
@@ -408,14 +437,16 @@ static BF16_FN void avx512_softmax16_rows(float *s, int g, int n, const int *nco
     __m512 sums[16];
     for (int r = 0; r < 16; r++) {
         float *srow = s + r * FLASHC_CPU_BLOCK_N;
-        uint16_t *prow = p16 + r * FLASHC_CPU_BLOCK_N;
+        uint16_t *prow = out16 ? p16 + r * FLASHC_CPU_BLOCK_N : NULL;
         sums[r] = _mm512_setzero_ps();
         if (r >= g)
             continue;
         if (dead >> r & 1)
-            avx512_p16_row_dead(srow, n, ncols[r], row_sum + r, prow);
-        else
+            avx512_row_dead(srow, n, ncols[r], row_sum + r, prow);
+        else if (out16)
             sums[r] = avx512_p16_row(srow, n, ncols[r], vsc, maxes[r], prow);
+        else
+            sums[r] = avx512_pf_row(srow, n, ncols[r], vsc, maxes[r]);
     }
     const __mmask16 live = rows & ~dead;
     const __m512 alpha = _mm512_maskz_mov_ps(live, avx512_vexp(_mm512_sub_ps(old, newm)));
@@ -435,26 +466,43 @@ static BF16_FN void avx512_softmax16_rows(float *s, int g, int n, const int *nco
     }
 }
 
-/* The online softmax of the bf16 forward, 16 rows at a time. A negative scale turns the max
- * into a min: such rows are scaled first and then treated with scale 1. */
+/* A negative scale turns the max into a min: the step's scores are scaled first and then
+ * treated with scale 1. Returns the scale left to fold into the exponent. */
+static float avx512_prescale(float *s, int m, int n, float scale)
+{
+    if (scale >= 0.0f)
+        return scale;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+        for (int r = 0; r < m; r++) {
+            float *row = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
+            for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                _mm512_store_ps(row + c0, _mm512_mul_ps(_mm512_load_ps(row + c0), vscale));
+        }
+    return 1.0f;
+}
+
+/* The online softmax of the bf16 forward (softmax16), 16 rows at a time. */
 static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
                                      float *row_max, float *row_sum, float *o, int dp,
                                      uint16_t *p16)
 {
-    if (scale < 0.0f) {
-        const __m512 vscale = _mm512_set1_ps(scale);
-        for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
-            for (int r = 0; r < m; r++) {
-                float *row = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
-                for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-                    _mm512_store_ps(row + c0, _mm512_mul_ps(_mm512_load_ps(row + c0), vscale));
-            }
-        scale = 1.0f;
-    }
+    scale = avx512_prescale(s, m, n, scale);
     for (int r0 = 0; r0 < m; r0 += 16)
-        avx512_softmax16_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
-                              ncols + r0, scale, row_max + r0, row_sum + r0,
-                              o + (ptrdiff_t)r0 * dp, dp, p16 + r0 * FLASHC_CPU_BLOCK_N);
+        avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
+                            ncols + r0, scale, row_max + r0, row_sum + r0,
+                            o + (ptrdiff_t)r0 * dp, dp, p16 + r0 * FLASHC_CPU_BLOCK_N, 1);
+}
+
+/* The float online softmax (softmax of kernels.h), 16 rows at a time. */
+static void avx512_softmax(float *s, int m, int n, const int *ncols, float scale,
+                           float *row_max, float *row_sum, float *o, int dp)
+{
+    scale = avx512_prescale(s, m, n, scale);
+    for (int r0 = 0; r0 < m; r0 += 16)
+        avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
+                            ncols + r0, scale, row_max + r0, row_sum + r0,
+                            o + (ptrdiff_t)r0 * dp, dp, NULL, 0);
 }
 
 /* Rows r, r+1 of src become the 32-bit pairs (r, c), (r + 1, c) of row r/2 of dst: both rows
