@@ -298,21 +298,20 @@ static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int
 }
 
 /* 2^t for the bf16 forward's softmax: t clamped to >= -200 (exactly 0 below 2^-149, NaN
- * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-5 fit at the
- * Chebyshev nodes of [-1/2, 1/2] with its constant term set to 1 (relative error 2.7e-7 in
- * float), then scalef. Four operations fewer than e^x with its Cody-Waite reduction and
- * degree-6 polynomial; the argument's own rounding (t = x log2 e) adds at most |t| 2^-24, far below
- * the bf16 rounding (2^-9) that P goes through next. */
+ * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-4 relative
+ * minimax fit on [-1/2, 1/2] with its constant term set to 1 (relative error 2.9e-6 in
+ * float), then scalef. Five operations fewer than e^x with its Cody-Waite reduction and
+ * degree-6 polynomial; P is rounded to bf16 next (relative 2^-9), and the row sums take a
+ * bias below 3e-6, a third of the LSE's 1e-5 bound. */
 static inline __m512 avx512_vexp2_p16(__m512 t)
 {
     t = _mm512_max_ps(_mm512_set1_ps(-200.0f), t);
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3390863314270973e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.676031768321991e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503569543361664e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402210682630539e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471824645996e-1f));
+    __m512 p = _mm512_set1_ps(9.5828564255e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906433356e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024098606e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312419241e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)); /* 2^0 = 1 exactly: P = 1 at the max */
     return _mm512_scalef_ps(p, n);
 }
@@ -384,33 +383,54 @@ static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float
     return vsum;
 }
 
-/* One row's P = 2^((x sc - max) log2 e) over the step's blocks, rounded to bf16 into prow
- * (zero from n to the end of its block); returns the float exponentials' sum, lane by lane.
- * x - max first, as the float softmax does: the product by log2 e after it stays finite
- * wherever x - max is. */
-static inline BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, __m512 vsc,
-                                            float max, uint16_t *prow)
+/* 2^t of the 16 scores from column c0 of a block (zero from bn on; -inf past the visible
+ * bnc when the block is not all visible). t = x c1 - m1 in one FMA, or, two_step (a
+ * constant after inlining), (x c1 - m1) l2e: x sc - max first, for the rows whose max log2 e
+ * would not be finite. */
+static inline __attribute__((always_inline)) __m512
+avx512_p16_exp(const float *sb, int c0, int bn, int bnc, __m512 c1, __m512 negm1,
+               const int two_step)
 {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
-    const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
+    if (c0 >= bn)
+        return _mm512_setzero_ps();
+    __m512 t = _mm512_fmadd_ps(_mm512_load_ps(sb + c0), c1, negm1);
+    if (two_step)
+        t = _mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f));
+    if (bnc < FLASHC_CPU_BLOCK_N)
+        t = VSELECT_LT(c0, bnc, t, _mm512_set1_ps(-INFINITY));
+    return avx512_vexp2_p16(t);
+}
+
+static inline __attribute__((always_inline)) BF16_FN __m512
+avx512_p16_row_body(const float *srow, int n, int nc, __m512 c1, __m512 negm1, uint16_t *prow,
+                    const int two_step)
+{
     __m512 vsum = _mm512_setzero_ps();
     for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
         const float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         uint16_t *pb = prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         const int bn = n - k0, bnc = nc - k0;
-        int c0 = 0;
-        for (; c0 < bn && c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
-            __m512 x = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_load_ps(sb + c0), vsc, vnegmax), vl2e);
-            if (bnc < FLASHC_CPU_BLOCK_N)
-                x = VSELECT_LT(c0, bnc, x, neg_inf);
-            const __m512 e = avx512_vexp2_p16(x);
-            _mm256_store_si256((__m256i *)(pb + c0), (__m256i)_mm512_cvtneps_pbh(e));
-            vsum = _mm512_add_ps(vsum, e);
+        for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 32) {
+            const __m512 e0 = avx512_p16_exp(sb, c0, bn, bnc, c1, negm1, two_step);
+            const __m512 e1 = avx512_p16_exp(sb, c0 + 16, bn, bnc, c1, negm1, two_step);
+            _mm512_store_si512((void *)(pb + c0), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+            vsum = _mm512_add_ps(vsum, _mm512_add_ps(e0, e1));
         }
-        for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-            _mm256_store_si256((__m256i *)(pb + c0), _mm256_setzero_si256());
     }
     return vsum;
+}
+
+/* One row's P = 2^(x sc log2 e - max log2 e) over the step's blocks, rounded to bf16 into
+ * prow two vectors at a time (one vcvtne2ps2bf16; zero from n to the end of its block);
+ * returns the float exponentials' sum, lane by lane. */
+static BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, float sc, float max,
+                                     uint16_t *prow)
+{
+    const float l2e = 1.44269504088896341f;
+    if (fabsf(max * l2e) <= 3.0e38f && sc * l2e <= 3.0e38f)
+        return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e),
+                                   _mm512_set1_ps(-max * l2e), prow, 0);
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc), _mm512_set1_ps(-max), prow, 1);
 }
 
 /* The online softmax of up to 16 rows (g) of a step. The rows' maxima, sums and rescale
@@ -444,7 +464,7 @@ avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *r
         if (dead >> r & 1)
             avx512_row_dead(srow, n, ncols[r], row_sum + r, prow);
         else if (out16)
-            sums[r] = avx512_p16_row(srow, n, ncols[r], vsc, maxes[r], prow);
+            sums[r] = avx512_p16_row(srow, n, ncols[r], sc, maxes[r], prow);
         else
             sums[r] = avx512_pf_row(srow, n, ncols[r], vsc, maxes[r]);
     }
