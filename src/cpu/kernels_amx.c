@@ -53,7 +53,8 @@ static int amx_supported(void)
     return amx_permitted;
 }
 
-/* Palette 1: tiles 0-3 are C (16 x 16 float32), 4 is A and 5, 6 are B (16 rows x 64 bytes). */
+/* Palette 1: tiles 0-3 are C (16 x 16 float32); 4-7 hold A and B (16 rows x 64 bytes):
+ * 4 is A and 5, 6 are B, or 4, 5 are A and 6, 7 are B (amx_acc16_pair). */
 typedef struct __attribute__((packed)) amx_config {
     uint8_t palette;
     uint8_t start_row;
@@ -71,7 +72,7 @@ static void amx_configure(void)
     amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 7; t++) {
+    for (int t = 0; t < 8; t++) {
         cfg.colsb[t] = 64;
         cfg.rows[t] = 16;
     }
@@ -176,12 +177,55 @@ amx_acc16_strip(const int nt, int n, int dp, const uint16_t *ar, const uint16_t 
     }
 }
 
-/* O[64-row buffer][dp] += P16 * vpair16 (P16 is 0 past n). */
+/* Two 16-row strips of O (rows r0.. and r0 + 16..) times 32 columns from c0, += P16 * vpair16
+ * over whole 32-key steps: a 2 x 2 block of C tiles, so each A tile (P16) and each B tile
+ * (V) loaded serves two products, and V is read once for two strips, where one strip at a
+ * time read the step's whole V (64 KiB at head dim 128, more than L1) for each strip. */
+static void amx_acc16_pair(int n, int dp, const uint16_t *ar, const uint16_t *vpair16, int c0,
+                           float *cr)
+{
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
+    const size_t cstride = (size_t)dp * sizeof(float);
+    const ptrdiff_t a16 = 16 * FLASHC_CPU_BLOCK_N; /* the second strip of P16 */
+    float *cr16 = cr + 16 * (ptrdiff_t)dp;         /* and of O */
+    _tile_loadd(0, cr + c0, cstride);
+    _tile_loadd(1, cr + c0 + 16, cstride);
+    _tile_loadd(2, cr16 + c0, cstride);
+    _tile_loadd(3, cr16 + c0 + 16, cstride);
+    for (int kb = 0; kb < n; kb += 32) {
+        const uint16_t *ak = ar + (kb / FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N +
+                             kb % FLASHC_CPU_BLOCK_N;
+        const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+        _tile_loadd(4, ak, astride);
+        _tile_loadd(6, bp, bstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bp + 32, bstride);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, ak + a16, astride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, cr + c0, cstride);
+    _tile_stored(1, cr + c0 + 16, cstride);
+    _tile_stored(2, cr16 + c0, cstride);
+    _tile_stored(3, cr16 + c0 + 16, cstride);
+}
+
+/* O[64-row buffer][dp] += P16 * vpair16 (P16 is 0 past n): strips in pairs, a last odd one
+ * alone. */
 static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint16_t *vpair16,
                            float *c)
 {
     amx_configure();
-    for (int r0 = 0; r0 < m; r0 += 16) {
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) {
+        const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
+        float *cr = c + (ptrdiff_t)r0 * dp;
+        for (int c0 = 0; c0 < dp; c0 += 32)
+            amx_acc16_pair(n, dp, ar, vpair16, c0, cr);
+    }
+    if (r0 < m) {
         const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
         float *cr = c + (ptrdiff_t)r0 * dp;
         int c0 = 0;
