@@ -54,7 +54,7 @@ static int amx_supported(void)
 }
 
 /* Palette 1: tiles 0-3 are C (16 x 16 float32); 4-7 hold A and B (16 rows x 64 bytes):
- * 4 is A and 5, 6 are B, or 4, 5 are A and 6, 7 are B (amx_acc16_pair). */
+ * 4 is A and 5, 6 are B for one strip, or 4, 5 are A and 6, 7 are B for a pair of strips. */
 typedef struct __attribute__((packed)) amx_config {
     uint8_t palette;
     uint8_t start_row;
@@ -80,6 +80,44 @@ static void amx_configure(void)
     amx_configured = 1;
 }
 
+/* Rows r0.. and r0 + 16.. of C, keys from kp (32 of them), (+)= A16 * panel16 over k: a 2 x 2
+ * block of C tiles, each A and B tile loaded serving two products. */
+static inline __attribute__((always_inline)) void
+amx_panel16_pair(int r0, int kp, int k, const uint16_t *a, ptrdiff_t lda,
+                 const uint16_t *panel16, float *c, const int accumulate)
+{
+    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
+    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
+    const size_t astride = (size_t)lda * sizeof(uint16_t);
+    float *c0 = c + r0 * FLASHC_CPU_BLOCK_N + kp, *c1 = c0 + 16 * FLASHC_CPU_BLOCK_N;
+    if (accumulate) {
+        _tile_loadd(0, c0, cstride);
+        _tile_loadd(1, c0 + 16, cstride);
+        _tile_loadd(2, c1, cstride);
+        _tile_loadd(3, c1 + 16, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int p = 0; p < k; p += 32) {
+        const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N + kp * 2;
+        _tile_loadd(4, a + r0 * lda + p, astride);
+        _tile_loadd(6, bp, bstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bp + 32, bstride);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a + (r0 + 16) * lda + p, astride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c0, cstride);
+    _tile_stored(1, c0 + 16, cstride);
+    _tile_stored(2, c1, cstride);
+    _tile_stored(3, c1 + 16, cstride);
+}
+
 /* C[16-row strips][64] (+)= A16 * panel16 over k rounded up to 32 (the callers zero A16's
  * columns and panel16's rows up to there). The forward's S = Q K^T (k = dp) and the
  * backward's S, dP (overwriting) and dV^T, dK^T (accumulating, k = the block's queries). */
@@ -90,7 +128,12 @@ amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *pane
     amx_configure();
     const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
     const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
-    for (int r0 = 0; r0 < m; r0 += 16) {
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) { /* strips in pairs */
+        amx_panel16_pair(r0, 0, k, a, lda, panel16, c, accumulate);
+        amx_panel16_pair(r0, 32, k, a, lda, panel16, c, accumulate);
+    }
+    for (; r0 < m; r0 += 16) { /* a last odd strip */
         float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
         if (accumulate) {
             _tile_loadd(0, cr + 0, cstride);
