@@ -80,6 +80,33 @@ static void amx_configure(void)
     amx_configured = 1;
 }
 
+/* C tiles 0-3 from four places of row stride stride (or zero where not accumulating), and
+ * back. */
+static inline __attribute__((always_inline)) void
+amx_c_load(float *c0, float *c1, float *c2, float *c3, size_t stride, const int accumulate)
+{
+    if (accumulate) {
+        _tile_loadd(0, c0, stride);
+        _tile_loadd(1, c1, stride);
+        _tile_loadd(2, c2, stride);
+        _tile_loadd(3, c3, stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+}
+
+static inline __attribute__((always_inline)) void amx_c_store(float *c0, float *c1, float *c2,
+                                                              float *c3, size_t stride)
+{
+    _tile_stored(0, c0, stride);
+    _tile_stored(1, c1, stride);
+    _tile_stored(2, c2, stride);
+    _tile_stored(3, c3, stride);
+}
+
 /* Rows r0.. and r0 + 16.. of C, keys from kp (32 of them), (+)= A16 * panel16 over k: a 2 x 2
  * block of C tiles, each A and B tile loaded serving two products. */
 static inline __attribute__((always_inline)) void
@@ -90,17 +117,7 @@ amx_panel16_pair(int r0, int kp, int k, const uint16_t *a, ptrdiff_t lda,
     const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
     const size_t astride = (size_t)lda * sizeof(uint16_t);
     float *c0 = c + r0 * FLASHC_CPU_BLOCK_N + kp, *c1 = c0 + 16 * FLASHC_CPU_BLOCK_N;
-    if (accumulate) {
-        _tile_loadd(0, c0, cstride);
-        _tile_loadd(1, c0 + 16, cstride);
-        _tile_loadd(2, c1, cstride);
-        _tile_loadd(3, c1 + 16, cstride);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
+    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
     for (int p = 0; p < k; p += 32) {
         const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N + kp * 2;
         _tile_loadd(4, a + r0 * lda + p, astride);
@@ -112,10 +129,7 @@ amx_panel16_pair(int r0, int kp, int k, const uint16_t *a, ptrdiff_t lda,
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, c0, cstride);
-    _tile_stored(1, c0 + 16, cstride);
-    _tile_stored(2, c1, cstride);
-    _tile_stored(3, c1 + 16, cstride);
+    amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
 }
 
 /* C[16-row strips][64] (+)= A16 * panel16 over k rounded up to 32 (the callers zero A16's
@@ -135,17 +149,7 @@ amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *pane
     }
     for (; r0 < m; r0 += 16) { /* a last odd strip */
         float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
-        if (accumulate) {
-            _tile_loadd(0, cr + 0, cstride);
-            _tile_loadd(1, cr + 16, cstride);
-            _tile_loadd(2, cr + 32, cstride);
-            _tile_loadd(3, cr + 48, cstride);
-        } else {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        amx_c_load(cr, cr + 16, cr + 32, cr + 48, cstride, accumulate);
         for (int p = 0; p < k; p += 32) {
             const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
             _tile_loadd(4, a + r0 * lda + p, lda * (ptrdiff_t)sizeof(uint16_t));
@@ -158,10 +162,7 @@ amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *pane
             _tile_loadd(6, bp + 3 * 32, bstride);
             _tile_dpbf16ps(3, 4, 6);
         }
-        _tile_stored(0, cr + 0, cstride);
-        _tile_stored(1, cr + 16, cstride);
-        _tile_stored(2, cr + 32, cstride);
-        _tile_stored(3, cr + 48, cstride);
+        amx_c_store(cr, cr + 16, cr + 32, cr + 48, cstride);
     }
 }
 
@@ -232,10 +233,7 @@ static void amx_acc16_pair(int n, int dp, const uint16_t *ar, const uint16_t *vp
     const size_t cstride = (size_t)dp * sizeof(float);
     const ptrdiff_t a16 = 16 * FLASHC_CPU_BLOCK_N; /* the second strip of P16 */
     float *cr16 = cr + 16 * (ptrdiff_t)dp;         /* and of O */
-    _tile_loadd(0, cr + c0, cstride);
-    _tile_loadd(1, cr + c0 + 16, cstride);
-    _tile_loadd(2, cr16 + c0, cstride);
-    _tile_loadd(3, cr16 + c0 + 16, cstride);
+    amx_c_load(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride, 1);
     for (int kb = 0; kb < n; kb += 32) {
         const uint16_t *ak = ar + (kb / FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N +
                              kb % FLASHC_CPU_BLOCK_N;
@@ -249,10 +247,7 @@ static void amx_acc16_pair(int n, int dp, const uint16_t *ar, const uint16_t *vp
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, cr + c0, cstride);
-    _tile_stored(1, cr + c0 + 16, cstride);
-    _tile_stored(2, cr16 + c0, cstride);
-    _tile_stored(3, cr16 + c0 + 16, cstride);
+    amx_c_store(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride);
 }
 
 /* O[64-row buffer][dp] += P16 * vpair16 (P16 is 0 past n): strips in pairs, a last odd one
