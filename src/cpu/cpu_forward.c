@@ -117,6 +117,28 @@ static void prefetch_out_rows(const forward_job *job, const flashc_seq *sq, int6
         flashc_cpu_prefetch_row(job->out, sq->batch, sq->q0 + i0 + r, h, 1);
 }
 
+/* Rows [i0, i0 + m) of O of head h, row r scaled by inv[r]: bf16 outputs through the set's
+ * store16 where it has one, one pass from the float rows, else scaled in place and rounded
+ * by the generic conversion (the same rounding, to nearest even). */
+static void store_out_rows(const forward_job *job, float *acc, const flashc_seq *sq, int64_t i0,
+                           int m, int64_t h, const float *inv)
+{
+    const int dp = job->dp;
+    if (job->use16 && job->kern->store16 && job->out->dtype == FLASHC_BF16) {
+        for (int r = 0; r < m; r++)
+            job->kern->store16(flashc_row_ptr(job->out, sq->batch, sq->q0 + i0 + r, h),
+                               acc + (ptrdiff_t)r * dp, job->pr->head_dim, inv[r]);
+        return;
+    }
+    for (int r = 0; r < m; r++) {
+        float *arow = acc + (ptrdiff_t)r * dp;
+        if (inv[r] != 1.0f)
+            for (ptrdiff_t d = 0; d < dp; d++)
+                arow[d] *= inv[r];
+    }
+    flashc_cpu_store_rows(job->out, acc, dp, sq->batch, sq->q0 + i0, m, h, 1.0f);
+}
+
 /* Pass 2: one block of queries of one (sequence, head). */
 static void forward_task(void *ctx, int64_t task, int thread)
 {
@@ -236,13 +258,13 @@ static void forward_task(void *ctx, int64_t task, int thread)
         }
     }
 
+    float inv[FLASHC_CPU_BLOCK_M]; /* what each row of O is multiplied by as it is stored */
     for (int r = 0; r < m; r++) {
         float *arow = acc + (ptrdiff_t)r * dp;
         float lse_r;
+        inv[r] = 1.0f;
         if (row_sum[r] > 0.0f) {
-            const float inv = 1.0f / row_sum[r];
-            for (ptrdiff_t d = 0; d < dp; d++)
-                arow[d] *= inv;
+            inv[r] = 1.0f / row_sum[r];
             lse_r = row_max[r] + logf(row_sum[r]);
         } else if (row_sum[r] == 0.0f) { /* every key masked */
             memset(arow, 0, (size_t)dp * sizeof(float));
@@ -254,7 +276,7 @@ static void forward_task(void *ctx, int64_t task, int thread)
         }
         *flashc_lse_ptr(job->lse, sq.batch, h, sq.q0 + i0 + r) = lse_r;
     }
-    flashc_cpu_store_rows(job->out, acc, dp, sq.batch, sq.q0 + i0, m, h, 1.0f);
+    store_out_rows(job, acc, &sq, i0, m, h, inv);
 }
 
 flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,

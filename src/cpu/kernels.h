@@ -80,6 +80,11 @@ typedef struct flashc_cpu_kernels {
                        float *c);
     /* Rows of a bf16 P: dst[m][64] = bf16(src[m][0:n]), zero from n to 64. */
     void (*round_p16)(uint16_t *dst, const float *src, int m, int n);
+    /* One row of a bf16 output: dst[i] = bf16(src[i] * scale) for i < n, rounded to nearest
+     * even, NaN kept (quiet), subnormal products flushed to zero; dst of any alignment.
+     * NULL where the set has none (the generic conversion then runs); used only where
+     * bf16_supported says so. */
+    void (*store16)(uint16_t *dst, const float *src, int64_t n, float scale);
     /* softmax, then round_p16(p16, s, m, n), in one pass (NULL where the set has none),
      * for the bf16 forward only: its exponential may be less exact than exp_sum's, within
      * a few float ULP (P is rounded to bf16 next). */

@@ -313,6 +313,11 @@ static void amx_round_p16(uint16_t *dst, const float *src, int m, int n)
     flashc_cpu_kernels_avx512.round_p16(dst, src, m, n);
 }
 
+static void amx_store16(uint16_t *dst, const float *src, int64_t n, float scale)
+{
+    flashc_cpu_kernels_avx512.store16(dst, src, n, scale);
+}
+
 static void amx_softmax16(float *s, int m, int n, const int *ncols, float scale,
                           float *row_max, float *row_sum, float *o, int dp, uint16_t *p16)
 {
@@ -366,6 +371,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16 = amx_gemm_panel16,
     .gemm_acc16 = amx_gemm_acc16,
     .round_p16 = amx_round_p16,
+    .store16 = amx_store16,
     .softmax16 = amx_softmax16,
     .gemm_panel16_acc = amx_gemm_panel16_acc,
     .pair_p16 = amx_pair_p16,

@@ -297,6 +297,18 @@ static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int
     }
 }
 
+/* vcvtneps2bf16 rounds to nearest even and keeps NaN quiet, as the generic conversion does;
+ * the tail through lane masks, so nothing past n is read or written. */
+static BF16_FN void avx512_store16(uint16_t *dst, const float *src, int64_t n, float scale)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = avx512_lanes_below(0, (int)(n - i < 16 ? n - i : 16));
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + i), vs);
+        _mm256_mask_storeu_epi16(dst + i, k, (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
 /* 2^t for the bf16 forward's softmax: t clamped to >= -200 (exactly 0 below 2^-149, NaN
  * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-4 relative
  * minimax fit on [-1/2, 1/2] with its constant term set to 1 (relative error 2.9e-6 in
@@ -853,6 +865,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_panel16 = avx512_gemm_panel16,
     .gemm_acc16 = avx512_gemm_acc16,
     .round_p16 = avx512_round_p16,
+    .store16 = avx512_store16,
     .softmax16 = avx512_softmax16,
     .gemm_panel16_acc = avx512_gemm_panel16_acc,
     .pair_p16 = avx512_pair_p16,
