@@ -527,6 +527,15 @@ static unsigned avx512_flush_begin(void)
     return csr;
 }
 
+/* The backward's P and dS, under the same flush as the softmax (masked keys' exp(-inf)). */
+static void avx512_p_ds_flushed(float *s, float *dp, int m, int n, const int *ncols,
+                                float scale, const float *lse, const float *delta)
+{
+    const unsigned csr = avx512_flush_begin();
+    avx512_p_ds(s, dp, m, n, ncols, scale, lse, delta);
+    _mm_setcsr(csr);
+}
+
 /* The online softmax of the bf16 forward (softmax16), 16 rows at a time. */
 static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
                                      float *row_max, float *row_sum, float *o, int dp,
@@ -877,7 +886,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_acc = avx512_gemm_acc,
     .gemm_tn_acc = avx512_gemm_tn_acc,
     .softmax = avx512_softmax,
-    .p_ds = avx512_p_ds,
+    .p_ds = avx512_p_ds_flushed,
     .exp_sum = avx512_exp_sum,
     .gemm_panel16 = avx512_gemm_panel16,
     .gemm_acc16 = avx512_gemm_acc16,
