@@ -7,15 +7,18 @@
  * converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
  * P V skips the masked entries (cpu_nonfinite.c), so a hidden key never leaks into a row.
  *
- * Pass 2: one task is a block of BLOCK_M queries of one (batch, head). It walks the visible
- * keys BLOCK_N at a time: S = (scale Q) K^T; the online softmax keeps a running row max m and
- * sum l, rescales the accumulator O only for rows whose max grew, and turns S into P (0 where
- * the causal mask hides a key); O += P V. At the end O /= l and LSE = m + log(l). Key blocks
- * past a query block's last visible key are never visited. Tasks are numbered head by head
- * (the blocks of one head share its packed K/V while it is in cache) and, within a head,
- * longest first, so under a causal mask the pool's dynamic scheduling is left with short
- * blocks to balance the threads at the end. On the bf16 path the softmax also rounds P
- * (softmax16), where no dropout or non-finite V needs the float P afterwards.
+ * Pass 2: one task is a block of BLOCK_M queries of one (batch, head), or two of them where a
+ * head's packed K/V outgrows L2 (forward_task). It walks the visible keys: S = (scale Q) K^T
+ * per BLOCK_N keys; the online softmax keeps a running row max m and sum l, rescales the
+ * accumulator O only for rows whose max grew, and turns S into P (0 where the causal mask
+ * hides a key); O += P V. On the bf16 path one softmax step takes up to STEP_BLOCKS key
+ * blocks (the max, the rescale and O's tile loads once per step) and rounds P to bf16 as it
+ * makes it (softmax16); blocks with features, dropout or a non-finite V go one at a time
+ * through the float P. At the end O /= l and LSE = m + log(l). Key blocks past a query
+ * block's last visible key are never visited. Tasks are numbered head by head (the blocks of
+ * one head share its packed K/V while it is in cache) and, within a head, longest first, so
+ * under a causal mask the pool's dynamic scheduling is left with short blocks to balance the
+ * threads at the end.
  */
 #include <math.h>
 #include <stdlib.h>
