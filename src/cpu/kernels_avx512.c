@@ -401,11 +401,16 @@ static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float
  * would not be finite. */
 static inline __attribute__((always_inline)) __m512
 avx512_p16_exp(const float *sb, int c0, int bn, int bnc, __m512 c1, __m512 negm1,
-               const int two_step)
+               const int two_step, __m512 *vmax)
 {
     if (c0 >= bn)
         return _mm512_setzero_ps();
-    __m512 t = _mm512_fmadd_ps(_mm512_load_ps(sb + c0), c1, negm1);
+    const __m512 x = _mm512_load_ps(sb + c0);
+    if (vmax) /* the visible scores' max, on the way */
+        *vmax = _mm512_max_ps(*vmax, bnc < FLASHC_CPU_BLOCK_N
+                                         ? VSELECT_LT(c0, bnc, x, _mm512_set1_ps(-INFINITY))
+                                         : x);
+    __m512 t = _mm512_fmadd_ps(x, c1, negm1);
     if (two_step)
         t = _mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f));
     if (bnc < FLASHC_CPU_BLOCK_N)
@@ -415,20 +420,25 @@ avx512_p16_exp(const float *sb, int c0, int bn, int bnc, __m512 c1, __m512 negm1
 
 static inline __attribute__((always_inline)) BF16_FN __m512
 avx512_p16_row_body(const float *srow, int n, int nc, __m512 c1, __m512 negm1, uint16_t *prow,
-                    const int two_step)
+                    const int two_step, __m512 *vmax_out)
 {
-    __m512 vsum = _mm512_setzero_ps();
+    /* the max in a local: through the pointer, each P store (which may alias it) would
+     * reload it */
+    __m512 vsum = _mm512_setzero_ps(), vmax_local = _mm512_set1_ps(-INFINITY);
+    __m512 *vmax = vmax_out ? &vmax_local : NULL;
     for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
         const float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         uint16_t *pb = prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         const int bn = n - k0, bnc = nc - k0;
         for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 32) {
-            const __m512 e0 = avx512_p16_exp(sb, c0, bn, bnc, c1, negm1, two_step);
-            const __m512 e1 = avx512_p16_exp(sb, c0 + 16, bn, bnc, c1, negm1, two_step);
+            const __m512 e0 = avx512_p16_exp(sb, c0, bn, bnc, c1, negm1, two_step, vmax);
+            const __m512 e1 = avx512_p16_exp(sb, c0 + 16, bn, bnc, c1, negm1, two_step, vmax);
             _mm512_store_si512((void *)(pb + c0), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
             vsum = _mm512_add_ps(vsum, _mm512_add_ps(e0, e1));
         }
     }
+    if (vmax_out)
+        *vmax_out = vmax_local;
     return vsum;
 }
 
@@ -441,8 +451,19 @@ static BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, float sc,
     const float l2e = 1.44269504088896341f;
     if (fabsf(max * l2e) <= 3.0e38f && sc * l2e <= 3.0e38f)
         return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e),
-                                   _mm512_set1_ps(-max * l2e), prow, 0);
-    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc), _mm512_set1_ps(-max), prow, 1);
+                                   _mm512_set1_ps(-max * l2e), prow, 0, NULL);
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc), _mm512_set1_ps(-max), prow, 1,
+                               NULL);
+}
+
+/* The same against a row's kept reference max ref (ref log2 e finite), one pass: *vmax gets
+ * the lanes' max of the visible raw scores. */
+static BF16_FN __m512 avx512_p16_row_ref(const float *srow, int n, int nc, float sc, float ref,
+                                         uint16_t *prow, __m512 *vmax)
+{
+    const float l2e = 1.44269504088896341f;
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e), _mm512_set1_ps(-ref * l2e),
+                               prow, 0, vmax);
 }
 
 /* The online softmax of up to 16 rows (g) of a step. The rows' maxima, sums and rescale
@@ -536,6 +557,66 @@ static void avx512_p_ds_flushed(float *s, float *dp, int m, int n, const int *nc
     _mm_setcsr(csr);
 }
 
+/* How far (in logits) a row's max may pass the reference its P is taken against before the
+ * reference moves: P then stays below e^8 (about 3000), whose sums and products float holds
+ * with room. */
+#define P16_REF_SLACK 8.0f
+
+/* The bf16 softmax of up to 16 rows that all have a reference max already (every step but a
+ * row's first), in one pass over S: P = e^(x sc - ref) against the kept reference, the
+ * scores' max gathered on the way. The result is the same softmax (O and l are scaled alike,
+ * and LSE = ref + log l); only rows whose max passed ref + P16_REF_SLACK take a second pass
+ * against their new max, with O rescaled. Two passes (max, then P) read S twice, which was a
+ * sixth of the softmax's time. */
+static BF16_FN void avx512_softmax16_rows_ref(float *s, int g, int n, const int *ncols, float sc,
+                                              float *row_max, float *row_sum, float *o, int dp,
+                                              uint16_t *p16)
+{
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
+    float refs[16] __attribute__((aligned(64)));
+    _mm512_store_ps(refs, ref);
+    __m512 sums[16], maxv[16];
+    for (int r = 0; r < 16; r++) {
+        sums[r] = _mm512_setzero_ps();
+        maxv[r] = _mm512_set1_ps(-INFINITY);
+        if (r < g)
+            sums[r] = avx512_p16_row_ref(s + r * FLASHC_CPU_BLOCK_N, n, ncols[r], sc, refs[r],
+                                         p16 + r * FLASHC_CPU_BLOCK_N, &maxv[r]);
+    }
+    const __m512 bmax = _mm512_mul_ps(avx512_fold16(maxv, 1), _mm512_set1_ps(sc));
+    unsigned over = _mm512_mask_cmp_ps_mask(
+        rows, bmax, _mm512_add_ps(ref, _mm512_set1_ps(P16_REF_SLACK)), _CMP_GT_OQ);
+    const __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), (__mmask16)over,
+                                            avx512_vexp(_mm512_sub_ps(ref, bmax)));
+    float maxes[16] __attribute__((aligned(64))), alphas[16] __attribute__((aligned(64)));
+    _mm512_store_ps(maxes, bmax);
+    _mm512_store_ps(alphas, alpha);
+    _mm512_mask_storeu_ps(row_max, (__mmask16)over, bmax);
+    for (; over; over &= over - 1) { /* rare: P against the new max, O rescaled */
+        const int r = __builtin_ctz(over);
+        sums[r] = avx512_p16_row(s + r * FLASHC_CPU_BLOCK_N, n, ncols[r], sc, maxes[r],
+                                 p16 + r * FLASHC_CPU_BLOCK_N);
+        const __m512 va = _mm512_set1_ps(alphas[r]);
+        float *orow = o + (ptrdiff_t)r * dp;
+        for (int d = 0; d < dp; d += 16)
+            _mm512_store_ps(orow + d, _mm512_mul_ps(_mm512_load_ps(orow + d), va));
+    }
+    const __m512 sum = _mm512_maskz_loadu_ps(rows, row_sum);
+    _mm512_mask_storeu_ps(row_sum, rows, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
+}
+
+/* 1 when every row of the group has a reference max whose multiple by log2 e, like the
+ * scale's, is finite with room (the one-pass softmax's condition). */
+static int avx512_rows_have_ref(const float *row_max, int g, float sc)
+{
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
+    const __m512 big = _mm512_set1_ps(2.0e38f);
+    const __mmask16 ok = _mm512_mask_cmp_ps_mask(rows, _mm512_abs_ps(ref), big, _CMP_LE_OQ);
+    return ok == rows && sc <= 2.0e38f;
+}
+
 /* The online softmax of the bf16 forward (softmax16), 16 rows at a time. */
 static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
                                      float *row_max, float *row_sum, float *o, int dp,
@@ -543,10 +624,17 @@ static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, f
 {
     const unsigned csr = avx512_flush_begin();
     scale = avx512_prescale(s, m, n, scale);
-    for (int r0 = 0; r0 < m; r0 += 16)
-        avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
-                            ncols + r0, scale, row_max + r0, row_sum + r0,
-                            o + (ptrdiff_t)r0 * dp, dp, p16 + r0 * FLASHC_CPU_BLOCK_N, 1);
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        const int g = m - r0 < 16 ? m - r0 : 16;
+        if (avx512_rows_have_ref(row_max + r0, g, scale))
+            avx512_softmax16_rows_ref(s + r0 * FLASHC_CPU_BLOCK_N, g, n, ncols + r0, scale,
+                                      row_max + r0, row_sum + r0, o + (ptrdiff_t)r0 * dp, dp,
+                                      p16 + r0 * FLASHC_CPU_BLOCK_N);
+        else
+            avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, g, n, ncols + r0, scale,
+                                row_max + r0, row_sum + r0, o + (ptrdiff_t)r0 * dp, dp,
+                                p16 + r0 * FLASHC_CPU_BLOCK_N, 1);
+    }
     _mm_setcsr(csr);
 }
 
