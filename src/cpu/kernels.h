@@ -91,7 +91,9 @@ typedef struct flashc_cpu_kernels {
      * for the bf16 forward only: its exponential may be less exact than exp_sum's (relative
      * 3e-6; P is rounded to bf16 next). Only p16 is written; s is scratch afterwards. s and
      * p16 may hold a step of several [64][64] blocks one after the other (n up to 256,
-     * ncols[r] in [0, n]), whose max and rescale are then taken once. */
+     * ncols[r] in [0, n]), whose max and rescale are then taken once. row_max is the
+     * reference P is taken against: it may stay below the row's true max by up to 8, P
+     * then reaching e^8, and max + log(sum) is the LSE all the same. */
     void (*softmax16)(float *s, int m, int n, const int *ncols, float scale, float *row_max,
                       float *row_sum, float *o, int dp, uint16_t *p16);
 
