@@ -7,15 +7,18 @@
  * converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
  * P V skips the masked entries (cpu_nonfinite.c), so a hidden key never leaks into a row.
  *
- * Pass 2: one task is a block of BLOCK_M queries of one (batch, head). It walks the visible
- * keys BLOCK_N at a time: S = (scale Q) K^T; the online softmax keeps a running row max m and
- * sum l, rescales the accumulator O only for rows whose max grew, and turns S into P (0 where
- * the causal mask hides a key); O += P V. At the end O /= l and LSE = m + log(l). Key blocks
- * past a query block's last visible key are never visited. Tasks are numbered head by head
- * (the blocks of one head share its packed K/V while it is in cache) and, within a head,
- * longest first, so under a causal mask the pool's dynamic scheduling is left with short
- * blocks to balance the threads at the end. On the bf16 path the softmax also rounds P
- * (softmax16), where no dropout or non-finite V needs the float P afterwards.
+ * Pass 2: one task is a block of BLOCK_M queries of one (batch, head), or two of them where a
+ * head's packed K/V outgrows L2 (forward_task). It walks the visible keys: S = (scale Q) K^T
+ * per BLOCK_N keys; the online softmax keeps a running row max m and sum l, rescales the
+ * accumulator O only for rows whose max grew, and turns S into P (0 where the causal mask
+ * hides a key); O += P V. On the bf16 path one softmax step takes up to STEP_BLOCKS key
+ * blocks (the max, the rescale and O's tile loads once per step) and rounds P to bf16 as it
+ * makes it (softmax16); blocks with features, dropout or a non-finite V go one at a time
+ * through the float P. At the end O /= l and LSE = m + log(l). Key blocks past a query
+ * block's last visible key are never visited. Tasks are numbered head by head (the blocks of
+ * one head share its packed K/V while it is in cache) and, within a head, longest first, so
+ * under a causal mask the pool's dynamic scheduling is left with short blocks to balance the
+ * threads at the end.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,8 +37,28 @@ typedef struct forward_job {
     size_t block_elems; /* elements of one packed key block: dp * BLOCK_N */
     void *kpack, *vpack; /* per sequence b: [heads_kv][key blocks of b][block_elems] */
     uint64_t *vbad;      /* per packed block: its V rows that hold a NaN or inf */
+    int group;           /* query blocks per task (fixed length; 1 for varlen) */
+    int64_t tasks_per_head;
     cpu_scratch scratch;
 } forward_job;
+
+/* One query block while its key blocks run: where it is, its Q and O and running max and
+ * sum (its own share of the thread's scratch), and what its keys are. */
+typedef struct fwd_block {
+    int64_t b, h, hk, i0, jb0, jb1, key_end;
+    int m;
+    flashc_seq sq;
+    cpu_score_mods md;
+    float *qbuf, *acc, *row_max, *row_sum;
+} fwd_block;
+
+/* The thread's scratch that a block uses only within one step: S (or P), the dropout
+ * factors, P16 and the rows' visible columns. */
+typedef struct fwd_step_bufs {
+    float *s, *drop;
+    uint16_t *p16;
+    int *ncols, *cbeg;
+} fwd_step_bufs;
 
 static size_t elem_size(const forward_job *job)
 {
@@ -77,121 +100,230 @@ static void pack_task(void *ctx, int64_t task, int thread)
     }
 }
 
-/* Per-thread scratch, in floats. */
-static size_t forward_scratch_floats(int dp)
+/* Key blocks of one online-softmax step on the bf16 path: the products still run per
+ * 64-key block, but the running max, the rescale of O and the O tiles' load and store
+ * happen once per step. */
+enum { STEP_BLOCKS = 4 };
+
+/* Query blocks per task, at most (see forward_task). */
+enum { MAX_GROUP = 2 };
+
+/* Per-thread scratch, in floats: one step's buffers, then each block's own. */
+static size_t step_scratch_floats(void)
 {
-    return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 2 + /* Q (or Q16), O */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * 2 + /* S / P, dropout */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) + /* P16 */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 4; /* max, sum, ncols, cbeg */
+    return flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * STEP_BLOCKS + /* S / P */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) +               /* dropout */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) * STEP_BLOCKS + /* P16 */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2; /* ncols, cbeg */
 }
 
-/* Pass 2: one block of queries of one (sequence, head). */
-static void forward_task(void *ctx, int64_t task, int thread)
+static size_t block_scratch_floats(int dp)
 {
-    forward_job *job = ctx;
-    const flashc_problem *pr = job->pr;
-    const flashc_cpu_kernels *kern = job->kern;
+    return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 2 + /* Q (or Q16), O */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2;               /* max, sum */
+}
+
+static size_t forward_scratch_floats(int dp, int group)
+{
+    return step_scratch_floats() + block_scratch_floats(dp) * (size_t)group;
+}
+
+static fwd_step_bufs step_bufs_of(float *scratch)
+{
+    fwd_step_bufs w;
+    w.s = scratch;
+    w.drop = w.s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * STEP_BLOCKS;
+    w.p16 = (uint16_t *)(w.drop + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N));
+    w.ncols = (int *)((float *)w.p16 +
+                      flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) * STEP_BLOCKS);
+    w.cbeg = w.ncols + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
+    return w;
+}
+
+/* The key blocks, from kblock on (before jb1), that one softmax step of the bf16 path
+ * takes: up to STEP_BLOCKS, ending before a block whose V holds a NaN or inf (that one
+ * takes the product that skips masked keys); at least 1. */
+static int step_blocks(const forward_job *job, int64_t b, int64_t hk, int64_t kblock,
+                       int64_t jb1)
+{
+    const size_t at = flashc_cpu_packed_index(&job->kb, job->pr->heads_kv, b, hk, kblock);
+    int nb = 1;
+    while (nb < STEP_BLOCKS && kblock + nb < jb1 && !job->vbad[at] && !job->vbad[at + nb])
+        nb++;
+    return nb;
+}
+
+/* The block's output rows are written once, at its end, and lie a whole row of heads apart:
+ * they are asked for a few at a time while its key blocks run (blocks done to upto of
+ * steps), so that
+ * their first touch does not wait on memory then. */
+static void prefetch_out_rows(const forward_job *job, const flashc_seq *sq, int64_t i0, int m,
+                              int64_t h, int64_t done, int64_t upto, int64_t steps)
+{
+    const int r0 = (int)(m * done / steps), r1 = (int)(m * upto / steps);
+    for (int r = r0; r < r1; r++)
+        flashc_cpu_prefetch_row(job->out, sq->batch, sq->q0 + i0 + r, h, 1);
+}
+
+/* Rows [i0, i0 + m) of O of head h, row r scaled by inv[r]: bf16 outputs through the set's
+ * store16 where it has one, one pass from the float rows, else scaled in place and rounded
+ * by the generic conversion (the same rounding, to nearest even). */
+static void store_out_rows(const forward_job *job, float *acc, const flashc_seq *sq, int64_t i0,
+                           int m, int64_t h, const float *inv)
+{
     const int dp = job->dp;
-    int64_t b, h, qblock;
-    if (!job->qb.start) {
-        /* fixed length: the query blocks of one head in a row, so the threads working on a
-         * head read its packed K/V from their own L2 rather than each task bringing in
-         * another head's; within a head the last blocks (longest under causal) first, so
-         * the shortest tasks are the ones left to balance the threads at the end */
-        const int64_t bh = task / job->qb.per_seq;
-        qblock = job->qb.per_seq - 1 - task % job->qb.per_seq;
-        b = bh / pr->heads_q;
-        h = bh % pr->heads_q;
-    } else {
-        const int64_t u = task / pr->heads_q;
-        h = task % pr->heads_q;
-        b = flashc_cpu_blocks_seq(&job->qb, u);
-        qblock = flashc_cpu_blocks_count(&job->qb, b) - 1 -
-                 (u - flashc_cpu_blocks_start(&job->qb, b));
+    if (job->use16 && job->kern->store16 && job->out->dtype == FLASHC_BF16) {
+        for (int r = 0; r < m; r++)
+            job->kern->store16(flashc_row_ptr(job->out, sq->batch, sq->q0 + i0 + r, h),
+                               acc + (ptrdiff_t)r * dp, job->pr->head_dim, inv[r]);
+        return;
     }
-    const flashc_seq sq = flashc_seq_of(pr, b);
-    const int64_t hk = h / (pr->heads_q / pr->heads_kv);
-    const int64_t i0 = qblock * FLASHC_CPU_BLOCK_M;
-    const int m = flashc_cpu_block_len(sq.nq, i0, FLASHC_CPU_BLOCK_M);
-
-    float *qbuf = flashc_cpu_scratch_for(&job->scratch, thread);
-    float *acc = qbuf + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
-    float *s = acc + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
-    float *drop = s + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N);
-    uint16_t *p16 =
-        (uint16_t *)(drop + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N));
-    float *row_max = (float *)p16 + flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2);
-    float *row_sum = row_max + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
-    int *ncols = (int *)(row_sum + flashc_cpu_lines(FLASHC_CPU_BLOCK_M));
-    int *cbeg = ncols + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
-    uint16_t *q16 = (uint16_t *)qbuf;
-
-    if (job->use16)
-        flashc_cpu_pack_rows16(q16, dp, job->q, sq.batch, sq.q0 + i0, m, h);
-    else
-        flashc_cpu_pack_rows(qbuf, dp, job->q, sq.batch, sq.q0 + i0, m, h, pr->scale);
-    /* all BLOCK_M rows: tile kernels that work on whole 16-row strips then see zeros */
-    memset(acc, 0, (size_t)FLASHC_CPU_BLOCK_M * (size_t)dp * sizeof(float));
-    for (int r = 0; r < m; r++) {
-        row_max[r] = -INFINITY;
-        row_sum[r] = 0.0f;
-    }
-
-    /* the scale still to apply to S: Q was packed pre-scaled on the float32 path */
-    const float s_scale = job->use16 ? pr->scale : 1.0f;
-    const int mods = flashc_cpu_has_mods(pr);
-    const int dropout = (pr->features & FLASHC_FEATURE_DROPOUT) != 0;
-    const cpu_score_mods md = flashc_cpu_mods(pr, &sq, b, h, s_scale);
-    int64_t jb0, jb1; /* key blocks outside the band are never visited */
-    flashc_cpu_key_blocks(pr, &sq, i0, m, &jb0, &jb1);
-    int64_t lo_first, key_end;
-    flashc_seq_key_range(pr, &sq, i0 + m - 1, &lo_first, &key_end); /* the last row ends last */
-    for (int64_t kblock = jb0; kblock < jb1; kblock++) {
-        const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
-        const int n = flashc_cpu_block_len(key_end, j0, FLASHC_CPU_BLOCK_N);
-        const void *kp = packed_block(job, job->kpack, b, hk, kblock);
-        const void *vp = packed_block(job, job->vpack, b, hk, kblock);
-        const int left = flashc_cpu_block_cols(pr, &sq, cbeg, ncols, i0, m, j0, n);
-        float sc = s_scale;
-        if (job->use16)
-            kern->gemm_panel16(m, dp, q16, dp, kp, s);
-        else
-            kern->gemm_panel(m, (int)pr->head_dim, qbuf, dp, kp, s);
-        if (mods || left) { /* feature blocks only: the plain path goes straight on */
-            flashc_cpu_apply_mods(&md, s, m, n, i0, j0, cbeg, NULL);
-            sc = 1.0f;
-        }
-        const int bad =
-            job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] != 0;
-        if (job->use16 && kern->softmax16 && !dropout && !bad) { /* P rounded as it is made */
-            kern->softmax16(s, m, n, ncols, sc, row_max, row_sum, acc, dp, p16);
-            kern->gemm_acc16(m, n, dp, p16, vp, acc);
-            continue;
-        }
-        kern->softmax(s, m, n, ncols, sc, row_max, row_sum, acc, dp);
-        if (dropout) { /* after the softmax, so row_sum (and the LSE) stay un-dropped */
-            flashc_cpu_dropout_block(pr, b, h, i0, m, j0, n, drop);
-            flashc_cpu_mul_block(s, drop, m, n);
-        }
-        if (bad) {
-            /* a NaN or inf in V: P V without the 0 * NaN of the keys a row does not see */
-            flashc_cpu_acc_block_sparse(m, n, dp, s, job->v, sq.batch, sq.k0 + j0, hk, acc);
-        } else if (job->use16) {
-            kern->round_p16(p16, s, m, n);
-            kern->gemm_acc16(m, n, dp, p16, vp, acc);
-        } else {
-            kern->gemm_acc(m, n, dp, s, vp, acc);
-        }
-    }
-
     for (int r = 0; r < m; r++) {
         float *arow = acc + (ptrdiff_t)r * dp;
-        float lse_r, inv = 1.0f;
-        if (row_sum[r] > 0.0f) {
-            inv = 1.0f / row_sum[r];
-            lse_r = row_max[r] + logf(row_sum[r]);
-        } else if (row_sum[r] == 0.0f) { /* every key masked */
+        if (inv[r] != 1.0f)
+            for (ptrdiff_t d = 0; d < dp; d++)
+                arow[d] *= inv[r];
+    }
+    flashc_cpu_store_rows(job->out, acc, dp, sq->batch, sq->q0 + i0, m, h, 1.0f);
+}
+
+/* Pass 2, one query block: its place, its Q packed, O cleared and the running max and sum
+ * reset. */
+static void block_begin(const forward_job *job, fwd_block *blk, int64_t b, int64_t h,
+                        int64_t qblock, float *scratch)
+{
+    const flashc_problem *pr = job->pr;
+    const int dp = job->dp;
+    blk->b = b;
+    blk->h = h;
+    blk->sq = flashc_seq_of(pr, b);
+    blk->hk = h / (pr->heads_q / pr->heads_kv);
+    blk->i0 = qblock * FLASHC_CPU_BLOCK_M;
+    blk->m = flashc_cpu_block_len(blk->sq.nq, blk->i0, FLASHC_CPU_BLOCK_M);
+    blk->qbuf = scratch;
+    blk->acc = blk->qbuf + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
+    blk->row_max = blk->acc + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
+    blk->row_sum = blk->row_max + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
+    /* the scale still to apply to S: Q is packed pre-scaled on the float32 path */
+    blk->md = flashc_cpu_mods(pr, &blk->sq, b, h, job->use16 ? pr->scale : 1.0f);
+    flashc_cpu_key_blocks(pr, &blk->sq, blk->i0, blk->m, &blk->jb0, &blk->jb1);
+    int64_t lo_first; /* the last row ends last */
+    flashc_seq_key_range(pr, &blk->sq, blk->i0 + blk->m - 1, &lo_first, &blk->key_end);
+
+    if (job->use16)
+        flashc_cpu_pack_rows16((uint16_t *)blk->qbuf, dp, job->q, blk->sq.batch,
+                               blk->sq.q0 + blk->i0, blk->m, h);
+    else
+        flashc_cpu_pack_rows(blk->qbuf, dp, job->q, blk->sq.batch, blk->sq.q0 + blk->i0, blk->m,
+                             h, pr->scale);
+    /* all BLOCK_M rows: tile kernels that work on whole 16-row strips then see zeros */
+    memset(blk->acc, 0, (size_t)FLASHC_CPU_BLOCK_M * (size_t)dp * sizeof(float));
+    for (int r = 0; r < blk->m; r++) {
+        blk->row_max[r] = -INFINITY;
+        blk->row_sum[r] = 0.0f;
+    }
+}
+
+/* One key block of the general path: features, dropout, non-finite V, float32 products. */
+static void block_one_key_block(const forward_job *job, fwd_block *blk, const fwd_step_bufs *w,
+                                int64_t kblock, int n, int left)
+{
+    const flashc_problem *pr = job->pr;
+    const flashc_cpu_kernels *kern = job->kern;
+    const int dp = job->dp, m = blk->m;
+    const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
+    const int dropout = (pr->features & FLASHC_FEATURE_DROPOUT) != 0;
+    const void *kp = packed_block(job, job->kpack, blk->b, blk->hk, kblock);
+    const void *vp = packed_block(job, job->vpack, blk->b, blk->hk, kblock);
+    float *s = w->s;
+    float sc = blk->md.scale;
+    if (job->use16)
+        kern->gemm_panel16(m, dp, (const uint16_t *)blk->qbuf, dp, kp, s);
+    else
+        kern->gemm_panel(m, (int)pr->head_dim, blk->qbuf, dp, kp, s);
+    if (flashc_cpu_has_mods(pr) || left) { /* feature blocks only: the plain path goes on */
+        flashc_cpu_apply_mods(&blk->md, s, m, n, blk->i0, j0, w->cbeg, NULL);
+        sc = 1.0f;
+    }
+    const int bad =
+        job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, blk->b, blk->hk, kblock)] != 0;
+    if (job->use16 && kern->softmax16 && !dropout && !bad) { /* P rounded as it is made */
+        kern->softmax16(s, m, n, w->ncols, sc, blk->row_max, blk->row_sum, blk->acc, dp, w->p16);
+        kern->gemm_acc16(m, n, dp, w->p16, vp, blk->acc);
+        return;
+    }
+    kern->softmax(s, m, n, w->ncols, sc, blk->row_max, blk->row_sum, blk->acc, dp);
+    if (dropout) { /* after the softmax, so row_sum (and the LSE) stay un-dropped */
+        flashc_cpu_dropout_block(pr, blk->b, blk->h, blk->i0, m, j0, n, w->drop);
+        flashc_cpu_mul_block(s, w->drop, m, n);
+    }
+    if (bad) {
+        /* a NaN or inf in V: P V without the 0 * NaN of the keys a row does not see */
+        flashc_cpu_acc_block_sparse(m, n, dp, s, job->v, blk->sq.batch, blk->sq.k0 + j0, blk->hk,
+                                    blk->acc);
+    } else if (job->use16) {
+        kern->round_p16(w->p16, s, m, n);
+        kern->gemm_acc16(m, n, dp, w->p16, vp, blk->acc);
+    } else {
+        kern->gemm_acc(m, n, dp, s, vp, blk->acc);
+    }
+}
+
+/* The block's key blocks in [from, to) (within its own [jb0, jb1)): softmax steps of up to
+ * STEP_BLOCKS plain blocks on the bf16 path, else one block at a time. */
+static void block_keys(const forward_job *job, fwd_block *blk, const fwd_step_bufs *w,
+                       int64_t from, int64_t to)
+{
+    const flashc_problem *pr = job->pr;
+    const flashc_cpu_kernels *kern = job->kern;
+    const int dp = job->dp, m = blk->m;
+    const int64_t start = from > blk->jb0 ? from : blk->jb0, end = to < blk->jb1 ? to : blk->jb1;
+    const int dropout = (pr->features & FLASHC_FEATURE_DROPOUT) != 0;
+    /* steps of several blocks: plain scores (no feature pass between the products and the
+     * softmax) and P made by softmax16 */
+    const int steps = job->use16 && kern->softmax16 && !dropout && !flashc_cpu_has_mods(pr);
+    int nb;
+    for (int64_t kblock = start; kblock < end; kblock += nb) {
+        const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
+        nb = steps ? step_blocks(job, blk->b, blk->hk, kblock, end) : 1;
+        int n = flashc_cpu_block_len(blk->key_end, j0, (int64_t)nb * FLASHC_CPU_BLOCK_N);
+        int left = flashc_cpu_block_cols(pr, &blk->sq, w->cbeg, w->ncols, blk->i0, m, j0, n);
+        if (left && nb > 1) { /* a window's left edge: its mask is applied block by block */
+            nb = 1;
+            n = flashc_cpu_block_len(blk->key_end, j0, FLASHC_CPU_BLOCK_N);
+            left = flashc_cpu_block_cols(pr, &blk->sq, w->cbeg, w->ncols, blk->i0, m, j0, n);
+        }
+        prefetch_out_rows(job, &blk->sq, blk->i0, m, blk->h, kblock - blk->jb0,
+                          kblock + nb - blk->jb0, blk->jb1 - blk->jb0);
+        if (nb == 1) {
+            block_one_key_block(job, blk, w, kblock, n, left);
+            continue;
+        }
+        for (int k = 0; k < nb; k++)
+            kern->gemm_panel16(m, dp, (const uint16_t *)blk->qbuf, dp,
+                               packed_block(job, job->kpack, blk->b, blk->hk, kblock + k),
+                               w->s + k * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N);
+        kern->softmax16(w->s, m, n, w->ncols, blk->md.scale, blk->row_max, blk->row_sum,
+                        blk->acc, dp, w->p16);
+        kern->gemm_acc16(m, n, dp, w->p16, packed_block(job, job->vpack, blk->b, blk->hk, kblock),
+                         blk->acc);
+    }
+}
+
+/* O /= l, LSE = m + log(l), and both stored. */
+static void block_end(const forward_job *job, fwd_block *blk)
+{
+    const int dp = job->dp;
+    float inv[FLASHC_CPU_BLOCK_M]; /* what each row of O is multiplied by as it is stored */
+    for (int r = 0; r < blk->m; r++) {
+        float *arow = blk->acc + (ptrdiff_t)r * dp;
+        const float sum = blk->row_sum[r];
+        float lse_r;
+        inv[r] = 1.0f;
+        if (sum > 0.0f) {
+            inv[r] = 1.0f / sum;
+            lse_r = blk->row_max[r] + logf(sum);
+        } else if (sum == 0.0f) { /* every key masked */
             memset(arow, 0, (size_t)dp * sizeof(float));
             lse_r = -INFINITY;
         } else { /* a NaN score (or scores past float's range): say so, never "masked" */
@@ -199,9 +331,55 @@ static void forward_task(void *ctx, int64_t task, int thread)
                 arow[d] = NAN;
             lse_r = NAN;
         }
-        *flashc_lse_ptr(job->lse, sq.batch, h, sq.q0 + i0 + r) = lse_r;
-        flashc_cpu_store_rows(job->out, arow, dp, sq.batch, sq.q0 + i0 + r, 1, h, inv);
+        *flashc_lse_ptr(job->lse, blk->sq.batch, blk->h, blk->sq.q0 + blk->i0 + r) = lse_r;
     }
+    store_out_rows(job, blk->acc, &blk->sq, blk->i0, blk->m, blk->h, inv);
+}
+
+/* Pass 2: one task is job->group query blocks of one (sequence, head) (one for varlen). The
+ * group's blocks take each softmax step's keys in turn, so the packed K/V of the step is
+ * read from memory once for all of them while it is in cache: at 4k keys and head dim 128
+ * a head's packed K/V (2 MiB) no longer fits L2 and was read again for every block. Each
+ * block runs the same steps in the same order whatever the group, so the result does not
+ * depend on it. */
+static void forward_task(void *ctx, int64_t task, int thread)
+{
+    forward_job *job = ctx;
+    const flashc_problem *pr = job->pr;
+    float *scratch = flashc_cpu_scratch_for(&job->scratch, thread);
+    const fwd_step_bufs w = step_bufs_of(scratch);
+    fwd_block blks[MAX_GROUP];
+    int nblk = 0;
+    if (!job->qb.start) {
+        /* fixed length: the query blocks of one head in a row, so the threads working on a
+         * head read its packed K/V from their own L2 rather than each task bringing in
+         * another head's; within a head the last blocks (longest under causal) first, so
+         * the shortest tasks are the ones left to balance the threads at the end */
+        const int64_t bh = task / job->tasks_per_head;
+        const int64_t first = job->qb.per_seq - 1 - task % job->tasks_per_head * job->group;
+        for (int g = 0; g < job->group && first - g >= 0; g++, nblk++)
+            block_begin(job, &blks[g], bh / pr->heads_q, bh % pr->heads_q, first - g,
+                        scratch + step_scratch_floats() + block_scratch_floats(job->dp) * g);
+    } else {
+        const int64_t u = task / pr->heads_q;
+        const int64_t b = flashc_cpu_blocks_seq(&job->qb, u);
+        const int64_t qblock = flashc_cpu_blocks_count(&job->qb, b) - 1 -
+                               (u - flashc_cpu_blocks_start(&job->qb, b));
+        block_begin(job, &blks[0], b, task % pr->heads_q, qblock,
+                    scratch + step_scratch_floats());
+        nblk = 1;
+    }
+    /* steps on a grid of STEP_BLOCKS from key block 0, the same for every block */
+    int64_t start = blks[0].jb0, end = 0;
+    for (int g = 0; g < nblk; g++) {
+        start = blks[g].jb0 < start ? blks[g].jb0 : start;
+        end = blks[g].jb1 > end ? blks[g].jb1 : end;
+    }
+    for (int64_t k0 = start / STEP_BLOCKS * STEP_BLOCKS; k0 < end; k0 += STEP_BLOCKS)
+        for (int g = 0; g < nblk; g++)
+            block_keys(job, &blks[g], &w, k0, k0 + STEP_BLOCKS);
+    for (int g = 0; g < nblk; g++)
+        block_end(job, &blks[g]);
 }
 
 flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const flashc_tensor *q,
@@ -235,7 +413,12 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     const size_t pack_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) *
                                                     job.block_elems * elem_size(&job));
     const int threads = flashc_threadpool_size(st->pool);
-    const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp));
+    /* two query blocks a task where a head's packed K/V would fill a core's L2 (2 MiB on
+     * the Xeons measured), one where it fits or the sequences have their own lengths */
+    const size_t head_kv_bytes =
+        2 * (size_t)pr->seqlen_k * (size_t)job.dp * elem_size(&job);
+    job.group = !varlen && head_kv_bytes >= ((size_t)2 << 20) ? MAX_GROUP : 1;
+    const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp, job.group));
     const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
     flashc_status status = flashc_cpu_workspace_get(
         st,
@@ -253,7 +436,10 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.scratch.base = (float *)(ws.base + 2 * pack_bytes + bad_bytes + table_bytes);
     job.scratch.floats_per_thread = scratch_floats;
     flashc_threadpool_run(st->pool, job.kb.total * pr->heads_kv, pack_task, &job);
-    flashc_threadpool_run(st->pool, job.qb.total * pr->heads_q, forward_task, &job);
+    job.tasks_per_head = flashc_cpu_blocks(job.qb.per_seq, job.group);
+    const int64_t tasks =
+        varlen ? job.qb.total * pr->heads_q : pr->batch * pr->heads_q * job.tasks_per_head;
+    flashc_threadpool_run(st->pool, tasks, forward_task, &job);
     flashc_cpu_workspace_put(st, &ws);
     return FLASHC_OK;
 }

@@ -244,6 +244,38 @@ void flashc_cpu_mul_block(float *x, const float *y, int m, int n);
 
 /* ---- packing (cpu_pack.c): inputs of any dtype and strides into kernel layouts ---- */
 
+/* Rows of a [batch, seq, heads, dim] tensor lie heads x dim elements apart, a stride that the
+ * hardware prefetchers do not follow from page to page, so a loop over a block's rows
+ * waited on memory at each row's first touch. The loops below ask for the row this far
+ * ahead of the one they convert. */
+enum { FLASHC_CPU_PREFETCH_ROWS = 8 };
+
+static inline void flashc_cpu_prefetch_row(const flashc_tensor *t, int64_t b, int64_t s,
+                                           int64_t h, int for_write)
+{
+    const char *p = (const char *)flashc_row_ptr(t, b, s, h);
+    const int64_t last = t->shape[3] * (int64_t)flashc_dtype_size(t->dtype) - 1;
+    for (int64_t at = 0; at < last + 64; at += 64) {
+        const char *line = p + (at < last ? at : last);
+        if (for_write)
+            __builtin_prefetch(line, 1);
+        else
+            __builtin_prefetch(line, 0);
+    }
+}
+
+/* Before row r of rows [s0, s0 + n) is read (or written): asks for row r + PREFETCH_ROWS,
+ * and at r = 0 for the rows up to it as well. */
+static inline void flashc_cpu_prefetch_ahead(const flashc_tensor *t, int64_t b, int64_t s0,
+                                             int n, int64_t h, int r, int for_write)
+{
+    const int first = r == 0 ? 0 : r + FLASHC_CPU_PREFETCH_ROWS;
+    const int last = r + FLASHC_CPU_PREFETCH_ROWS < n ? r + FLASHC_CPU_PREFETCH_ROWS : n - 1;
+    for (int i = first; i <= last; i++)
+        flashc_cpu_prefetch_row(t, b, s0 + i, h, for_write);
+}
+
+
 /* dst[n][dp] = scale * rows [s0, s0 + n) of head h of batch b, as float32, dims d..dp zero. */
 void flashc_cpu_pack_rows(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
                           int n, int64_t h, float scale);

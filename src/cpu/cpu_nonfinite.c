@@ -33,9 +33,11 @@ uint64_t flashc_cpu_nonfinite_rows(const flashc_tensor *t, int64_t b, int64_t s0
                                    int64_t h)
 {
     uint64_t mask = 0;
-    for (int r = 0; r < n; r++)
+    for (int r = 0; r < n; r++) {
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         if (flashc_cpu_row_nonfinite(flashc_row_ptr(t, b, s0 + r, h), t->dtype, t->shape[3]))
             mask |= (uint64_t)1 << r;
+    }
     return mask;
 }
 

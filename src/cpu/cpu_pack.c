@@ -21,6 +21,7 @@ void flashc_cpu_pack_rows(float *dst, int dp, const flashc_tensor *t, int64_t b,
     const int64_t d = t->shape[3];
     for (int r = 0; r < n; r++) {
         float *row = dst + (ptrdiff_t)r * dp;
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         flashc_load_row(row, flashc_row_ptr(t, b, s0 + r, h), t->dtype, d);
         if (scale != 1.0f)
             for (int64_t c = 0; c < d; c++)
@@ -37,6 +38,7 @@ void flashc_cpu_pack_panel(float *dst, int dp, const flashc_tensor *t, int64_t b
     float row[FLASHC_MAX_HEAD_DIM];
     memset(dst, 0, (size_t)dp * FLASHC_CPU_BLOCK_N * sizeof(float));
     for (int r = 0; r < n; r++) {
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         flashc_load_row(row, flashc_row_ptr(t, b, s0 + r, h), t->dtype, d);
         for (int64_t c = 0; c < d; c++)
             dst[c * FLASHC_CPU_BLOCK_N + r] = row[c];
@@ -49,6 +51,7 @@ void flashc_cpu_pack_rows16(uint16_t *dst, int dp, const flashc_tensor *t, int64
     const int64_t d = t->shape[3];
     for (int r = 0; r < n; r++) {
         uint16_t *row = dst + (ptrdiff_t)r * dp;
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         memcpy(row, flashc_row_ptr(t, b, s0 + r, h), (size_t)d * sizeof(uint16_t));
         memset(row + d, 0, (size_t)(dp - d) * sizeof(uint16_t));
     }
@@ -64,6 +67,7 @@ void flashc_cpu_pack_panel16(uint16_t *dst, int dp, const flashc_tensor *t, int6
     uint32_t *out = (uint32_t *)dst;
     for (int r = 0; r < n; r++) {
         const uint16_t *src = flashc_row_ptr(t, b, s0 + r, h);
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         for (int p = 0; p < full; p++) {
             uint32_t pair;
             memcpy(&pair, src + 2 * p, sizeof pair);
@@ -92,7 +96,9 @@ void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int6
             continue;
         }
         const uint16_t *lo = flashc_row_ptr(t, b, s0 + r, h);
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 0);
         if (r + 1 < n) {
+            flashc_cpu_prefetch_ahead(t, b, s0, n, h, r + 1, 0);
             const uint16_t *hi = flashc_row_ptr(t, b, s0 + r + 1, h);
             for (int64_t c = 0; c < d; c++)
                 out[c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
@@ -112,6 +118,7 @@ void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b
     float row[FLASHC_MAX_HEAD_DIM];
     for (int r = 0; r < n; r++) {
         const float *s = src + (ptrdiff_t)r * ld;
+        flashc_cpu_prefetch_ahead(t, b, s0, n, h, r, 1);
         if (scale != 1.0f) {
             for (int64_t c = 0; c < d; c++)
                 row[c] = s[c] * scale;

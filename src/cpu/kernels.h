@@ -70,6 +70,8 @@ typedef struct flashc_cpu_kernels {
      * and float32 accumulation (layouts in the header comment).
      *   gemm_panel16: C[m][64] = A16[m][0:k] * panel16, k a multiple of 2 (zero-padded).
      *   gemm_acc16:   C[m][dp] += P16[m][0:n] * vpair16, n rounded up to even (zero pad).
+     *     n may exceed 64 (a forward softmax step): P16 then holds ceil(n / 64) [64][64]
+     *     blocks one after the other, and vpair16 as many consecutive blocks.
      * A set that needs a per-thread setup (AMX tile configuration) does it inside.
      * bf16_supported says whether this processor runs them (an AVX-512 part may lack
      * AVX512_BF16); the algorithm takes the path only when it returns 1. */
@@ -80,9 +82,18 @@ typedef struct flashc_cpu_kernels {
                        float *c);
     /* Rows of a bf16 P: dst[m][64] = bf16(src[m][0:n]), zero from n to 64. */
     void (*round_p16)(uint16_t *dst, const float *src, int m, int n);
+    /* One row of a bf16 output: dst[i] = bf16(src[i] * scale) for i < n, rounded to nearest
+     * even, NaN kept (quiet), subnormal products flushed to zero; dst of any alignment.
+     * NULL where the set has none (the generic conversion then runs); used only where
+     * bf16_supported says so. */
+    void (*store16)(uint16_t *dst, const float *src, int64_t n, float scale);
     /* softmax, then round_p16(p16, s, m, n), in one pass (NULL where the set has none),
-     * for the bf16 forward only: its exponential may be less exact than exp_sum's, within
-     * a few float ULP (P is rounded to bf16 next). */
+     * for the bf16 forward only: its exponential may be less exact than exp_sum's (relative
+     * 3e-6; P is rounded to bf16 next). Only p16 is written; s is scratch afterwards. s and
+     * p16 may hold a step of several [64][64] blocks one after the other (n up to 256,
+     * ncols[r] in [0, n]), whose max and rescale are then taken once. row_max is the
+     * reference P is taken against: it may stay below the row's true max by up to 8, P
+     * then reaching e^8, and max + log(sum) is the LSE all the same. */
     void (*softmax16)(float *s, int m, int n, const int *ncols, float scale, float *row_max,
                       float *row_sum, float *o, int dp, uint16_t *p16);
 

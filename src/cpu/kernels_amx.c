@@ -53,7 +53,8 @@ static int amx_supported(void)
     return amx_permitted;
 }
 
-/* Palette 1: tiles 0-3 are C (16 x 16 float32), 4 is A and 5, 6 are B (16 rows x 64 bytes). */
+/* Palette 1: tiles 0-3 are C (16 x 16 float32); 4-7 hold A and B (16 rows x 64 bytes):
+ * 4 is A and 5, 6 are B for one strip, or 4, 5 are A and 6, 7 are B for a pair of strips. */
 typedef struct __attribute__((packed)) amx_config {
     uint8_t palette;
     uint8_t start_row;
@@ -71,12 +72,64 @@ static void amx_configure(void)
     amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 7; t++) {
+    for (int t = 0; t < 8; t++) {
         cfg.colsb[t] = 64;
         cfg.rows[t] = 16;
     }
     _tile_loadconfig(&cfg);
     amx_configured = 1;
+}
+
+/* C tiles 0-3 from four places of row stride stride (or zero where not accumulating), and
+ * back. */
+static inline __attribute__((always_inline)) void
+amx_c_load(float *c0, float *c1, float *c2, float *c3, size_t stride, const int accumulate)
+{
+    if (accumulate) {
+        _tile_loadd(0, c0, stride);
+        _tile_loadd(1, c1, stride);
+        _tile_loadd(2, c2, stride);
+        _tile_loadd(3, c3, stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+}
+
+static inline __attribute__((always_inline)) void amx_c_store(float *c0, float *c1, float *c2,
+                                                              float *c3, size_t stride)
+{
+    _tile_stored(0, c0, stride);
+    _tile_stored(1, c1, stride);
+    _tile_stored(2, c2, stride);
+    _tile_stored(3, c3, stride);
+}
+
+/* Rows r0.. and r0 + 16.. of C, keys from kp (32 of them), (+)= A16 * panel16 over k: a 2 x 2
+ * block of C tiles, each A and B tile loaded serving two products. */
+static inline __attribute__((always_inline)) void
+amx_panel16_pair(int r0, int kp, int k, const uint16_t *a, ptrdiff_t lda,
+                 const uint16_t *panel16, float *c, const int accumulate)
+{
+    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
+    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
+    const size_t astride = (size_t)lda * sizeof(uint16_t);
+    float *c0 = c + r0 * FLASHC_CPU_BLOCK_N + kp, *c1 = c0 + 16 * FLASHC_CPU_BLOCK_N;
+    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
+    for (int p = 0; p < k; p += 32) {
+        const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N + kp * 2;
+        _tile_loadd(4, a + r0 * lda + p, astride);
+        _tile_loadd(6, bp, bstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bp + 32, bstride);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a + (r0 + 16) * lda + p, astride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
 }
 
 /* C[16-row strips][64] (+)= A16 * panel16 over k rounded up to 32 (the callers zero A16's
@@ -89,19 +142,14 @@ amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *pane
     amx_configure();
     const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t); /* one dim pair */
     const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
-    for (int r0 = 0; r0 < m; r0 += 16) {
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) { /* strips in pairs */
+        amx_panel16_pair(r0, 0, k, a, lda, panel16, c, accumulate);
+        amx_panel16_pair(r0, 32, k, a, lda, panel16, c, accumulate);
+    }
+    for (; r0 < m; r0 += 16) { /* a last odd strip */
         float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
-        if (accumulate) {
-            _tile_loadd(0, cr + 0, cstride);
-            _tile_loadd(1, cr + 16, cstride);
-            _tile_loadd(2, cr + 32, cstride);
-            _tile_loadd(3, cr + 48, cstride);
-        } else {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        amx_c_load(cr, cr + 16, cr + 32, cr + 48, cstride, accumulate);
         for (int p = 0; p < k; p += 32) {
             const uint16_t *bp = panel16 + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
             _tile_loadd(4, a + r0 * lda + p, lda * (ptrdiff_t)sizeof(uint16_t));
@@ -114,10 +162,7 @@ amx_panel16(int m, int k, const uint16_t *a, ptrdiff_t lda, const uint16_t *pane
             _tile_loadd(6, bp + 3 * 32, bstride);
             _tile_dpbf16ps(3, 4, 6);
         }
-        _tile_stored(0, cr + 0, cstride);
-        _tile_stored(1, cr + 16, cstride);
-        _tile_stored(2, cr + 32, cstride);
-        _tile_stored(3, cr + 48, cstride);
+        amx_c_store(cr, cr + 16, cr + 32, cr + 48, cstride);
     }
 }
 
@@ -136,54 +181,96 @@ static void amx_gemm_panel16_acc(int m, int k, const uint16_t *a, ptrdiff_t lda,
     amx_panel16(m, k, a, lda, panel16, c, 1);
 }
 
-/* O[64-row buffer][dp] += P16 * vpair16 over whole 32-key steps (P16 is 0 past n). */
+/* One 16-row strip of O, tiles columns c0.. (nt = 4 or 2 of them), += P16 * vpair16 over
+ * whole 32-key steps: the C tiles stay loaded over all n keys of the step, which may span
+ * several [64][64] blocks of P16 (and as many consecutive blocks of vpair16). */
+static inline __attribute__((always_inline)) void
+amx_acc16_strip(const int nt, int n, int dp, const uint16_t *ar, const uint16_t *vpair16,
+                int c0, float *cr)
+{
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
+    const size_t cstride = (size_t)dp * sizeof(float);
+    _tile_loadd(0, cr + c0 + 0, cstride);
+    _tile_loadd(1, cr + c0 + 16, cstride);
+    if (nt == 4) {
+        _tile_loadd(2, cr + c0 + 32, cstride);
+        _tile_loadd(3, cr + c0 + 48, cstride);
+    }
+    for (int kb = 0; kb < n; kb += 32) {
+        const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+        _tile_loadd(4, ar + (kb / FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N +
+                           kb % FLASHC_CPU_BLOCK_N,
+                    astride);
+        _tile_loadd(5, bp + 0 * 32, bstride);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, bp + 1 * 32, bstride);
+        _tile_dpbf16ps(1, 4, 6);
+        if (nt == 4) {
+            _tile_loadd(5, bp + 2 * 32, bstride);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(6, bp + 3 * 32, bstride);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+    }
+    _tile_stored(0, cr + c0 + 0, cstride);
+    _tile_stored(1, cr + c0 + 16, cstride);
+    if (nt == 4) {
+        _tile_stored(2, cr + c0 + 32, cstride);
+        _tile_stored(3, cr + c0 + 48, cstride);
+    }
+}
+
+/* Two 16-row strips of O (rows r0.. and r0 + 16..) times 32 columns from c0, += P16 * vpair16
+ * over whole 32-key steps: a 2 x 2 block of C tiles, so each A tile (P16) and each B tile
+ * (V) loaded serves two products, and V is read once for two strips, where one strip at a
+ * time read the step's whole V (64 KiB at head dim 128, more than L1) for each strip. */
+static void amx_acc16_pair(int n, int dp, const uint16_t *ar, const uint16_t *vpair16, int c0,
+                           float *cr)
+{
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
+    const size_t cstride = (size_t)dp * sizeof(float);
+    const ptrdiff_t a16 = 16 * FLASHC_CPU_BLOCK_N; /* the second strip of P16 */
+    float *cr16 = cr + 16 * (ptrdiff_t)dp;         /* and of O */
+    amx_c_load(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride, 1);
+    for (int kb = 0; kb < n; kb += 32) {
+        const uint16_t *ak = ar + (kb / FLASHC_CPU_BLOCK_N) * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N +
+                             kb % FLASHC_CPU_BLOCK_N;
+        const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
+        _tile_loadd(4, ak, astride);
+        _tile_loadd(6, bp, bstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bp + 32, bstride);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, ak + a16, astride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    amx_c_store(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride);
+}
+
+/* O[64-row buffer][dp] += P16 * vpair16 (P16 is 0 past n): strips in pairs, a last odd one
+ * alone. */
 static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint16_t *vpair16,
                            float *c)
 {
     amx_configure();
-    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
-    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t); /* one key pair */
-    const size_t cstride = (size_t)dp * sizeof(float);
-    for (int r0 = 0; r0 < m; r0 += 16) {
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) {
+        const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
+        float *cr = c + (ptrdiff_t)r0 * dp;
+        for (int c0 = 0; c0 < dp; c0 += 32)
+            amx_acc16_pair(n, dp, ar, vpair16, c0, cr);
+    }
+    if (r0 < m) {
         const uint16_t *ar = p16 + r0 * FLASHC_CPU_BLOCK_N;
         float *cr = c + (ptrdiff_t)r0 * dp;
         int c0 = 0;
-        for (; c0 + 64 <= dp; c0 += 64) {
-            _tile_loadd(0, cr + c0 + 0, cstride);
-            _tile_loadd(1, cr + c0 + 16, cstride);
-            _tile_loadd(2, cr + c0 + 32, cstride);
-            _tile_loadd(3, cr + c0 + 48, cstride);
-            for (int kb = 0; kb < n; kb += 32) {
-                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
-                _tile_loadd(4, ar + kb, astride);
-                _tile_loadd(5, bp + 0 * 32, bstride);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, bp + 1 * 32, bstride);
-                _tile_dpbf16ps(1, 4, 6);
-                _tile_loadd(5, bp + 2 * 32, bstride);
-                _tile_dpbf16ps(2, 4, 5);
-                _tile_loadd(6, bp + 3 * 32, bstride);
-                _tile_dpbf16ps(3, 4, 6);
-            }
-            _tile_stored(0, cr + c0 + 0, cstride);
-            _tile_stored(1, cr + c0 + 16, cstride);
-            _tile_stored(2, cr + c0 + 32, cstride);
-            _tile_stored(3, cr + c0 + 48, cstride);
-        }
-        if (c0 < dp) { /* dp is a multiple of 32: one group of two tiles left */
-            _tile_loadd(0, cr + c0 + 0, cstride);
-            _tile_loadd(1, cr + c0 + 16, cstride);
-            for (int kb = 0; kb < n; kb += 32) {
-                const uint16_t *bp = vpair16 + (ptrdiff_t)(kb / 2) * dp * 2 + c0 * 2;
-                _tile_loadd(4, ar + kb, astride);
-                _tile_loadd(5, bp + 0 * 32, bstride);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, bp + 1 * 32, bstride);
-                _tile_dpbf16ps(1, 4, 6);
-            }
-            _tile_stored(0, cr + c0 + 0, cstride);
-            _tile_stored(1, cr + c0 + 16, cstride);
-        }
+        for (; c0 + 64 <= dp; c0 += 64)
+            amx_acc16_strip(4, n, dp, ar, vpair16, c0, cr);
+        if (c0 < dp) /* dp is a multiple of 32: one group of two tiles left */
+            amx_acc16_strip(2, n, dp, ar, vpair16, c0, cr);
     }
 }
 
@@ -224,6 +311,11 @@ static float amx_exp_sum(float *x, int n, float sub)
 static void amx_round_p16(uint16_t *dst, const float *src, int m, int n)
 {
     flashc_cpu_kernels_avx512.round_p16(dst, src, m, n);
+}
+
+static void amx_store16(uint16_t *dst, const float *src, int64_t n, float scale)
+{
+    flashc_cpu_kernels_avx512.store16(dst, src, n, scale);
 }
 
 static void amx_softmax16(float *s, int m, int n, const int *ncols, float scale,
@@ -279,6 +371,7 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16 = amx_gemm_panel16,
     .gemm_acc16 = amx_gemm_acc16,
     .round_p16 = amx_round_p16,
+    .store16 = amx_store16,
     .softmax16 = amx_softmax16,
     .gemm_panel16_acc = amx_gemm_panel16_acc,
     .pair_p16 = amx_pair_p16,

@@ -14,6 +14,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
@@ -67,6 +68,7 @@ static inline vf avx512_vexp(vf x)
     return _mm512_scalef_ps(p, n);
 }
 
+#define KN_OWN_SOFTMAX /* 16 rows at a time, below */
 #include "cpu/kernels_simd.inc"
 
 static int avx512_supported(void)
@@ -75,11 +77,40 @@ static int avx512_supported(void)
     return f->avx512f && f->avx512bw && f->avx512vl && f->fma;
 }
 
+/* Lane i = v[i]'s lanes folded by max (use_max, a constant after inlining) or by sum: a
+ * transposing tree, 15 steps of two shuffles and an operation for 16 results, where 16
+ * separate reductions would take 16 x 4. */
+static inline __attribute__((always_inline)) __m512 avx512_fold16(const __m512 *v,
+                                                                  const int use_max)
+{
+#define FOLD(a, b) (use_max ? _mm512_max_ps((a), (b)) : _mm512_add_ps((a), (b)))
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) */
+        t[i] = FOLD(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                    _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: the lane's sums of 4 inputs */
+        u[i] = FOLD(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                    _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xee));
+    for (int i = 0; i < 2; i++) /* then across the four 128-bit lanes */
+        w[i] = FOLD(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                    _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return FOLD(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+#undef FOLD
+}
+
+static inline __m512 avx512_sum16(const __m512 *v)
+{
+    return avx512_fold16(v, 0);
+}
+
 /* ---- bf16 products (AVX512_BF16), used only when the processor has it ---- */
 
 /* The bf16 functions need the extra instruction set; the attribute keeps the rest of the file
  * runnable on AVX-512 parts without it. */
 #define BF16_FN __attribute__((target("avx512bf16")))
+
+/* A softmax step of several key blocks keeps S and P16 as one [64][64] block after another. */
+enum { SCORE_BLOCK = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N };
 
 /* C[mr][64] = A16[mr][0:k] * panel16: per pair of dims, broadcast one 32-bit (d, d+1) pair of
  * each row and dot it with 4 zmm of 16 keys x 2 dims. */
@@ -226,8 +257,8 @@ static const acc16_fn acc16_tiles[7][2] = {
     {avx512_acc16_6_4, avx512_acc16_6_2},
 };
 
-static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
-                              const uint16_t *vpair16, float *c)
+static void avx512_gemm_acc16_block(int m, int n, int dp, const uint16_t *p16,
+                                    const uint16_t *vpair16, float *c)
 {
     int n2 = (n + 1) & ~1;
     for (int c0 = 0; c0 < dp;) {
@@ -240,6 +271,16 @@ static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
         }
         c0 += wide ? 64 : 32;
     }
+}
+
+/* A step of several key blocks: one block's product after the other. */
+static void avx512_gemm_acc16(int m, int n, int dp, const uint16_t *p16,
+                              const uint16_t *vpair16, float *c)
+{
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+        avx512_gemm_acc16_block(m, n - k0 < FLASHC_CPU_BLOCK_N ? n - k0 : FLASHC_CPU_BLOCK_N,
+                                dp, p16 + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK,
+                                vpair16 + (ptrdiff_t)k0 * dp, c);
 }
 
 /* bf16 rounding to nearest even of P, 16 at a time with vcvtneps2bf16. Columns from n to 64
@@ -256,64 +297,358 @@ static BF16_FN void avx512_round_p16(uint16_t *dst, const float *src, int m, int
     }
 }
 
+/* vcvtneps2bf16 rounds to nearest even and keeps NaN quiet, as the generic conversion does;
+ * the tail through lane masks, so nothing past n is read or written. */
+static BF16_FN void avx512_store16(uint16_t *dst, const float *src, int64_t n, float scale)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = avx512_lanes_below(0, (int)(n - i < 16 ? n - i : 16));
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + i), vs);
+        _mm256_mask_storeu_epi16(dst + i, k, (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
 /* 2^t for the bf16 forward's softmax: t clamped to >= -200 (exactly 0 below 2^-149, NaN
- * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-5 fit at the
- * Chebyshev nodes of [-1/2, 1/2] with its constant term set to 1 (relative error 2.7e-7 in
- * float), then scalef. Four operations fewer than e^x with its Cody-Waite reduction and
- * degree-6 polynomial; the argument's own rounding (t = x log2 e) adds at most |t| 2^-24, far below
- * the bf16 rounding (2^-9) that P goes through next. */
+ * stays NaN as in avx512_vexp), n = round(t), f = t - n exact, 2^f by a degree-4 relative
+ * minimax fit on [-1/2, 1/2] with its constant term set to 1 (relative error 2.9e-6 in
+ * float), then scalef. Five operations fewer than e^x with its Cody-Waite reduction and
+ * degree-6 polynomial; P is rounded to bf16 next (relative 2^-9), and the row sums take a
+ * bias below 3e-6, a third of the LSE's 1e-5 bound. */
 static inline __m512 avx512_vexp2_p16(__m512 t)
 {
     t = _mm512_max_ps(_mm512_set1_ps(-200.0f), t);
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3390863314270973e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.676031768321991e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503569543361664e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402210682630539e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471824645996e-1f));
+    __m512 p = _mm512_set1_ps(9.5828564255e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906433356e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024098606e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312419241e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)); /* 2^0 = 1 exactly: P = 1 at the max */
     return _mm512_scalef_ps(p, n);
 }
 
-/* The online softmax of the bf16 forward with P's rounding fused into it: each vector of
- * exponentials is stored as float (the running sum and the paths that still need float P
- * use it) and, while still in a register, as bf16, which saves round_p16's second pass over
- * the block. The exponential is avx512_vexp2_p16 of (x - max) log2 e. */
+/* Lane r = the largest visible score of row r of s (-inf for r >= g): each row folded to
+ * one vector over the step's blocks, then the 16 vectors by one transposing tree. */
+static inline __m512 avx512_rows_max16(const float *s, int g, const int *ncols)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 v[16];
+    for (int r = 0; r < 16; r++) {
+        const int nc = r < g ? ncols[r] : 0;
+        __m512 mx = neg_inf;
+        for (int k0 = 0; k0 < nc; k0 += FLASHC_CPU_BLOCK_N) {
+            const float *srow = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
+            const int bnc = nc - k0;
+            if (bnc >= FLASHC_CPU_BLOCK_N) /* every key visible, as in most blocks */
+                for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                    mx = _mm512_max_ps(mx, _mm512_load_ps(srow + c0));
+            else
+                for (int c0 = 0; c0 < bnc; c0 += 16)
+                    mx = _mm512_max_ps(mx,
+                                       VSELECT_LT(c0, bnc, _mm512_load_ps(srow + c0), neg_inf));
+        }
+        v[r] = mx;
+    }
+    return avx512_fold16(v, 1);
+}
+
+/* A row with nothing visible so far: P = 0 over the step's blocks (into prow as bf16, or
+ * over s's first n columns where prow is NULL), and its sum NaN when a visible score is (the
+ * vector max drops NaN, so it is looked for here, off the hot path). */
+static void avx512_row_dead(float *srow, int n, int nc, float *row_sum, uint16_t *prow)
+{
+    for (int c = 0; c < nc; c++)
+        if (srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N] !=
+            srow[c / FLASHC_CPU_BLOCK_N * SCORE_BLOCK + c % FLASHC_CPU_BLOCK_N])
+            *row_sum = NAN;
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        if (prow) {
+            memset(prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK, 0,
+                   FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
+            continue;
+        }
+        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+            _mm512_store_ps(sb + c0, _mm512_setzero_ps());
+    }
+}
+
+/* One row's float P = e^(x sc - max) in place, over its first n columns (the float
+ * softmax's exponential, avx512_vexp); returns the sum, lane by lane. */
+static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float max)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        const int bnc = nc - k0;
+        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16) {
+            __m512 x = _mm512_fmadd_ps(_mm512_load_ps(sb + c0), vsc, vnegmax);
+            if (bnc < FLASHC_CPU_BLOCK_N)
+                x = VSELECT_LT(c0, bnc, x, neg_inf);
+            const __m512 e = avx512_vexp(x);
+            _mm512_store_ps(sb + c0, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+    }
+    return vsum;
+}
+
+/* 2^t of the 16 scores from column c0 of a block (zero from bn on; -inf past the visible
+ * bnc when the block is not all visible). t = x c1 - m1 in one FMA, or, two_step (a
+ * constant after inlining), (x c1 - m1) l2e: x sc - max first, for the rows whose max log2 e
+ * would not be finite. */
+static inline __attribute__((always_inline)) __m512
+avx512_p16_exp(const float *sb, int c0, int bn, int bnc, __m512 c1, __m512 negm1,
+               const int two_step, __m512 *vmax)
+{
+    if (c0 >= bn)
+        return _mm512_setzero_ps();
+    const __m512 x = _mm512_load_ps(sb + c0);
+    if (vmax) /* the visible scores' max, on the way */
+        *vmax = _mm512_max_ps(*vmax, bnc < FLASHC_CPU_BLOCK_N
+                                         ? VSELECT_LT(c0, bnc, x, _mm512_set1_ps(-INFINITY))
+                                         : x);
+    __m512 t = _mm512_fmadd_ps(x, c1, negm1);
+    if (two_step)
+        t = _mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f));
+    if (bnc < FLASHC_CPU_BLOCK_N)
+        t = VSELECT_LT(c0, bnc, t, _mm512_set1_ps(-INFINITY));
+    return avx512_vexp2_p16(t);
+}
+
+static inline __attribute__((always_inline)) BF16_FN __m512
+avx512_p16_row_body(const float *srow, int n, int nc, __m512 c1, __m512 negm1, uint16_t *prow,
+                    const int two_step, __m512 *vmax_out)
+{
+    /* the max in a local: through the pointer, each P store (which may alias it) would
+     * reload it */
+    __m512 vsum = _mm512_setzero_ps(), vmax_local = _mm512_set1_ps(-INFINITY);
+    __m512 *vmax = vmax_out ? &vmax_local : NULL;
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        const float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        uint16_t *pb = prow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        const int bn = n - k0, bnc = nc - k0;
+        for (int c0 = 0; c0 < FLASHC_CPU_BLOCK_N; c0 += 32) {
+            const __m512 e0 = avx512_p16_exp(sb, c0, bn, bnc, c1, negm1, two_step, vmax);
+            const __m512 e1 = avx512_p16_exp(sb, c0 + 16, bn, bnc, c1, negm1, two_step, vmax);
+            _mm512_store_si512((void *)(pb + c0), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+            vsum = _mm512_add_ps(vsum, _mm512_add_ps(e0, e1));
+        }
+    }
+    if (vmax_out)
+        *vmax_out = vmax_local;
+    return vsum;
+}
+
+/* One row's P = 2^(x sc log2 e - max log2 e) over the step's blocks, rounded to bf16 into
+ * prow two vectors at a time (one vcvtne2ps2bf16; zero from n to the end of its block);
+ * returns the float exponentials' sum, lane by lane. */
+static BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, float sc, float max,
+                                     uint16_t *prow)
+{
+    const float l2e = 1.44269504088896341f;
+    if (fabsf(max * l2e) <= 3.0e38f && sc * l2e <= 3.0e38f)
+        return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e),
+                                   _mm512_set1_ps(-max * l2e), prow, 0, NULL);
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc), _mm512_set1_ps(-max), prow, 1,
+                               NULL);
+}
+
+/* The same against a row's kept reference max ref (ref log2 e finite), one pass: *vmax gets
+ * the lanes' max of the visible raw scores. */
+static BF16_FN __m512 avx512_p16_row_ref(const float *srow, int n, int nc, float sc, float ref,
+                                         uint16_t *prow, __m512 *vmax)
+{
+    const float l2e = 1.44269504088896341f;
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e), _mm512_set1_ps(-ref * l2e),
+                               prow, 0, vmax);
+}
+
+/* The online softmax of up to 16 rows (g) of a step. The rows' maxima, sums and rescale
+ * factors are the lanes of one vector, so the bookkeeping that a 64-key row paid alone (two
+ * horizontal reductions and a scalar exp) is shared by 16 rows. out16 (a constant after
+ * inlining): P rounded to bf16 into p16 by avx512_vexp2_p16, s is scratch afterwards; else
+ * float P in s. The rescale factor e^(old max - new max) is avx512_vexp's: exactly 1 where
+ * the max stayed, 0 from -inf. */
+static inline __attribute__((always_inline)) void
+avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *row_max,
+                    float *row_sum, float *o, int dp, uint16_t *p16, const int out16)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 old = _mm512_mask_loadu_ps(neg_inf, rows, row_max);
+    /* sc > 0 keeps the order, -inf stays -inf; a NaN lane keeps the old max (maxps' second
+     * operand) */
+    const __m512 newm =
+        _mm512_max_ps(_mm512_mul_ps(avx512_rows_max16(s, g, ncols), _mm512_set1_ps(sc)), old);
+    const __mmask16 dead = _mm512_mask_cmp_ps_mask(rows, newm, neg_inf, _CMP_EQ_OQ);
+    float maxes[16] __attribute__((aligned(64)));
+    _mm512_store_ps(maxes, newm);
+    const __m512 vsc = _mm512_set1_ps(sc);
+    __m512 sums[16];
+    for (int r = 0; r < 16; r++) {
+        float *srow = s + r * FLASHC_CPU_BLOCK_N;
+        uint16_t *prow = out16 ? p16 + r * FLASHC_CPU_BLOCK_N : NULL;
+        sums[r] = _mm512_setzero_ps();
+        if (r >= g)
+            continue;
+        if (dead >> r & 1)
+            avx512_row_dead(srow, n, ncols[r], row_sum + r, prow);
+        else if (out16)
+            sums[r] = avx512_p16_row(srow, n, ncols[r], sc, maxes[r], prow);
+        else
+            sums[r] = avx512_pf_row(srow, n, ncols[r], vsc, maxes[r]);
+    }
+    const __mmask16 live = rows & ~dead;
+    const __m512 alpha = _mm512_maskz_mov_ps(live, avx512_vexp(_mm512_sub_ps(old, newm)));
+    const __m512 sum = _mm512_maskz_loadu_ps(live, row_sum);
+    _mm512_mask_storeu_ps(row_sum, live, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
+    _mm512_mask_storeu_ps(row_max, live, newm);
+    /* lazy: only rows whose max grew (NaN counts, as alpha != 1 does) */
+    unsigned grew = _mm512_mask_cmp_ps_mask(live, alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
+    float alphas[16] __attribute__((aligned(64)));
+    _mm512_store_ps(alphas, alpha);
+    for (; grew; grew &= grew - 1) {
+        const int r = __builtin_ctz(grew);
+        const __m512 va = _mm512_set1_ps(alphas[r]);
+        float *orow = o + (ptrdiff_t)r * dp;
+        for (int d = 0; d < dp; d += 16)
+            _mm512_store_ps(orow + d, _mm512_mul_ps(_mm512_load_ps(orow + d), va));
+    }
+}
+
+/* A negative scale turns the max into a min: the step's scores are scaled first and then
+ * treated with scale 1. Returns the scale left to fold into the exponent. */
+static float avx512_prescale(float *s, int m, int n, float scale)
+{
+    if (scale >= 0.0f)
+        return scale;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
+        for (int r = 0; r < m; r++) {
+            float *row = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
+            for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+                _mm512_store_ps(row + c0, _mm512_mul_ps(_mm512_load_ps(row + c0), vscale));
+        }
+    return 1.0f;
+}
+
+/* Exponentials that underflow (the masked keys' exp(-inf), keys more than 87 below the
+ * row's max) made the processor fix each subnormal or zero result up in microcode, a hundred
+ * cycles and more per vector: a causal diagonal block took 13 times as long per score as a
+ * full one. The softmax therefore runs with results below 2^-126 flushed to zero (FTZ) and
+ * such inputs read as zero (DAZ), which moves P by less than 2^-126 against a row sum of at
+ * least 1; the caller's control bits are put back after. */
+static unsigned avx512_flush_begin(void)
+{
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | _MM_FLUSH_ZERO_ON | 0x0040u /* DAZ */);
+    return csr;
+}
+
+/* The backward's P and dS, under the same flush as the softmax (masked keys' exp(-inf)). */
+static void avx512_p_ds_flushed(float *s, float *dp, int m, int n, const int *ncols,
+                                float scale, const float *lse, const float *delta)
+{
+    const unsigned csr = avx512_flush_begin();
+    avx512_p_ds(s, dp, m, n, ncols, scale, lse, delta);
+    _mm_setcsr(csr);
+}
+
+/* How far (in logits) a row's max may pass the reference its P is taken against before the
+ * reference moves: P then stays below e^8 (about 3000), whose sums and products float holds
+ * with room. */
+#define P16_REF_SLACK 8.0f
+
+/* The bf16 softmax of up to 16 rows that all have a reference max already (every step but a
+ * row's first), in one pass over S: P = e^(x sc - ref) against the kept reference, the
+ * scores' max gathered on the way. The result is the same softmax (O and l are scaled alike,
+ * and LSE = ref + log l); only rows whose max passed ref + P16_REF_SLACK take a second pass
+ * against their new max, with O rescaled. Two passes (max, then P) read S twice, which was a
+ * sixth of the softmax's time. */
+static BF16_FN void avx512_softmax16_rows_ref(float *s, int g, int n, const int *ncols, float sc,
+                                              float *row_max, float *row_sum, float *o, int dp,
+                                              uint16_t *p16)
+{
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
+    float refs[16] __attribute__((aligned(64)));
+    _mm512_store_ps(refs, ref);
+    __m512 sums[16], maxv[16];
+    for (int r = 0; r < 16; r++) {
+        sums[r] = _mm512_setzero_ps();
+        maxv[r] = _mm512_set1_ps(-INFINITY);
+        if (r < g)
+            sums[r] = avx512_p16_row_ref(s + r * FLASHC_CPU_BLOCK_N, n, ncols[r], sc, refs[r],
+                                         p16 + r * FLASHC_CPU_BLOCK_N, &maxv[r]);
+    }
+    const __m512 bmax = _mm512_mul_ps(avx512_fold16(maxv, 1), _mm512_set1_ps(sc));
+    unsigned over = _mm512_mask_cmp_ps_mask(
+        rows, bmax, _mm512_add_ps(ref, _mm512_set1_ps(P16_REF_SLACK)), _CMP_GT_OQ);
+    const __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), (__mmask16)over,
+                                            avx512_vexp(_mm512_sub_ps(ref, bmax)));
+    float maxes[16] __attribute__((aligned(64))), alphas[16] __attribute__((aligned(64)));
+    _mm512_store_ps(maxes, bmax);
+    _mm512_store_ps(alphas, alpha);
+    _mm512_mask_storeu_ps(row_max, (__mmask16)over, bmax);
+    for (; over; over &= over - 1) { /* rare: P against the new max, O rescaled */
+        const int r = __builtin_ctz(over);
+        sums[r] = avx512_p16_row(s + r * FLASHC_CPU_BLOCK_N, n, ncols[r], sc, maxes[r],
+                                 p16 + r * FLASHC_CPU_BLOCK_N);
+        const __m512 va = _mm512_set1_ps(alphas[r]);
+        float *orow = o + (ptrdiff_t)r * dp;
+        for (int d = 0; d < dp; d += 16)
+            _mm512_store_ps(orow + d, _mm512_mul_ps(_mm512_load_ps(orow + d), va));
+    }
+    const __m512 sum = _mm512_maskz_loadu_ps(rows, row_sum);
+    _mm512_mask_storeu_ps(row_sum, rows, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
+}
+
+/* 1 when every row of the group has a reference max whose multiple by log2 e, like the
+ * scale's, is finite with room (the one-pass softmax's condition). */
+static int avx512_rows_have_ref(const float *row_max, int g, float sc)
+{
+    const __mmask16 rows = (__mmask16)((1u << g) - 1);
+    const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
+    const __m512 big = _mm512_set1_ps(2.0e38f);
+    const __mmask16 ok = _mm512_mask_cmp_ps_mask(rows, _mm512_abs_ps(ref), big, _CMP_LE_OQ);
+    return ok == rows && sc <= 2.0e38f;
+}
+
+/* The online softmax of the bf16 forward (softmax16), 16 rows at a time. */
 static BF16_FN void avx512_softmax16(float *s, int m, int n, const int *ncols, float scale,
                                      float *row_max, float *row_sum, float *o, int dp,
                                      uint16_t *p16)
 {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int r = 0; r < m; r++) {
-        float *srow = s + r * FLASHC_CPU_BLOCK_N;
-        uint16_t *prow = p16 + r * FLASHC_CPU_BLOCK_N;
-        const int nc = ncols[r];
-        float new_max, sc;
-        int c0 = 0;
-        if (avx512_softmax_head(srow, n, nc, scale, row_max + r, row_sum + r, &new_max, &sc)) {
-            const __m512 vnegmax = _mm512_set1_ps(-new_max), vsc = _mm512_set1_ps(sc);
-            const __m512 vl2e = _mm512_set1_ps(1.44269504088896341f);
-            __m512 vsum = _mm512_setzero_ps();
-            const int full = nc == FLASHC_CPU_BLOCK_N; /* no lane masks to apply */
-            for (; c0 < n; c0 += 16) {
-                /* x - max first, as the float softmax does: the product by log2 e after it
-                 * stays finite wherever x - max is */
-                __m512 x = _mm512_fmadd_ps(_mm512_load_ps(srow + c0), vsc, vnegmax);
-                x = _mm512_mul_ps(x, vl2e);
-                if (!full)
-                    x = VSELECT_LT(c0, nc, x, neg_inf);
-                __m512 e = avx512_vexp2_p16(x);
-                _mm512_store_ps(srow + c0, e);
-                _mm256_store_si256((__m256i *)(prow + c0), (__m256i)_mm512_cvtneps_pbh(e));
-                vsum = _mm512_add_ps(vsum, e);
-            }
-            avx512_softmax_tail(new_max, _mm512_reduce_add_ps(vsum), row_max + r, row_sum + r,
-                                o + (ptrdiff_t)r * dp, dp);
-        }
-        for (; c0 < FLASHC_CPU_BLOCK_N; c0 += 16) /* past n, or the whole of a row with P = 0 */
-            _mm256_store_si256((__m256i *)(prow + c0), _mm256_setzero_si256());
+    const unsigned csr = avx512_flush_begin();
+    scale = avx512_prescale(s, m, n, scale);
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        const int g = m - r0 < 16 ? m - r0 : 16;
+        if (avx512_rows_have_ref(row_max + r0, g, scale))
+            avx512_softmax16_rows_ref(s + r0 * FLASHC_CPU_BLOCK_N, g, n, ncols + r0, scale,
+                                      row_max + r0, row_sum + r0, o + (ptrdiff_t)r0 * dp, dp,
+                                      p16 + r0 * FLASHC_CPU_BLOCK_N);
+        else
+            avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, g, n, ncols + r0, scale,
+                                row_max + r0, row_sum + r0, o + (ptrdiff_t)r0 * dp, dp,
+                                p16 + r0 * FLASHC_CPU_BLOCK_N, 1);
     }
+    _mm_setcsr(csr);
+}
+
+/* The float online softmax (softmax of kernels.h), 16 rows at a time. */
+static void avx512_softmax(float *s, int m, int n, const int *ncols, float scale,
+                           float *row_max, float *row_sum, float *o, int dp)
+{
+    const unsigned csr = avx512_flush_begin();
+    scale = avx512_prescale(s, m, n, scale);
+    for (int r0 = 0; r0 < m; r0 += 16)
+        avx512_softmax_rows(s + r0 * FLASHC_CPU_BLOCK_N, m - r0 < 16 ? m - r0 : 16, n,
+                            ncols + r0, scale, row_max + r0, row_sum + r0,
+                            o + (ptrdiff_t)r0 * dp, dp, NULL, 0);
+    _mm_setcsr(csr);
 }
 
 /* Rows r, r+1 of src become the 32-bit pairs (r, c), (r + 1, c) of row r/2 of dst: both rows
@@ -365,24 +700,6 @@ static inline __m512 avx512_row16(const void *row, int64_t off, int dtype, __mma
 static inline __mmask16 avx512_tail_mask(int64_t d)
 {
     return (d & 15) ? (__mmask16)((1u << (d & 15)) - 1) : (__mmask16)0xffff;
-}
-
-/* Lane i = the sum of v[i]'s lanes: a transposing add tree, 15 steps of two shuffles and an
- * add for 16 sums, where 16 separate reductions would take 16 x 4. */
-static inline __m512 avx512_sum16(__m512 *v)
-{
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) */
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) /* per 128-bit lane: the lane's sums of 4 inputs */
-        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xee));
-    for (int i = 0; i < 2; i++) /* then across the four 128-bit lanes */
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
 }
 
 /* The lines of row c of pf (if there is one), asked for while row c of the block is used. */
@@ -657,11 +974,12 @@ const flashc_cpu_kernels flashc_cpu_kernels_avx512 = {
     .gemm_acc = avx512_gemm_acc,
     .gemm_tn_acc = avx512_gemm_tn_acc,
     .softmax = avx512_softmax,
-    .p_ds = avx512_p_ds,
+    .p_ds = avx512_p_ds_flushed,
     .exp_sum = avx512_exp_sum,
     .gemm_panel16 = avx512_gemm_panel16,
     .gemm_acc16 = avx512_gemm_acc16,
     .round_p16 = avx512_round_p16,
+    .store16 = avx512_store16,
     .softmax16 = avx512_softmax16,
     .gemm_panel16_acc = avx512_gemm_panel16_acc,
     .pair_p16 = avx512_pair_p16,
