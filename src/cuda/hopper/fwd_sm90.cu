@@ -180,11 +180,11 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
 }
 
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
- * ring, then the V ring, then (where it fits) the O tile, then the mbarriers. O is staged for
- * its TMA store in a tile of its own when shared memory has room for one (SEP_O: head dims up
- * to 128), so that the next tile's Q can load as soon as the last S = Q K^T has read this one,
- * over the last block's softmax, P V and the epilogue; otherwise (d256) O is staged in the Q
- * tile and the next Q waits until the copy engine has read O out of it. */
+ * ring, then the V ring, then (SEP_O) the O tile, then the mbarriers. With SEP_O, built with
+ * FC_SM90_FWD_SEPARATE_O where shared memory has room (head dims up to 128), O is staged for
+ * its TMA store in a tile of its own, so that the next tile's Q can load as soon as the last
+ * S = Q K^T has read this one, over the last block's softmax, P V and the epilogue; otherwise
+ * O is staged in the Q tile and the next Q waits until the copy engine has read O out of it. */
 /* The separate O tile is measured (docs/PERF.md) but stays off until it has passed the
  * standalone check and compute-sanitizer on a GPU: -DFC_SM90_FWD_SEPARATE_O=1 builds it. */
 #ifndef FC_SM90_FWD_SEPARATE_O
@@ -734,8 +734,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }
             /* O in 16 bits into this warpgroup's 64 rows of the O tile, in the 128-byte-swizzled
              * layout the O tensor map expects. A separate O tile is free once the copy engine
-             * has read the last tile's O out of it; the Q tile (d256) is, since its last
-             * reader, S = Q K^T, has retired. */
+             * has read the last tile's O out of it; the Q tile (without one) is, since its
+             * last reader, S = Q K^T, has retired. */
             if (L::SEP_O) {
                 if (t == 0) sm90_bulk_wait_read();
                 sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
