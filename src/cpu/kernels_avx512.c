@@ -374,12 +374,38 @@ static void avx512_row_dead(float *srow, int n, int nc, float *row_sum, uint16_t
     }
 }
 
+/* The largest |max log2 e| for which a row's exponent may be formed from the raw scores and
+ * rounded constants (x sc log2 e - max log2 e in one FMA, or x sc - max): their rounding
+ * errors, a few 2^-24 of it, shift every exponent of the row alike, which cancels between P
+ * and the row sum while the shift stays small. From about 2^29 on the shift alone overflows or
+ * underflows P, giving a NaN O and an infinite LSE for finite scores; rows past this bound
+ * take x sc rounded as their max was (avx512_scale_row), whose own exponent is then 0. */
+#define P_EXACT_MAX_L2E 65536.0f
+
+/* Row srow of a step, its first n columns: x = x sc, each product rounded to float, as the
+ * row's max (the max of the raw scores times sc) was. */
+static void avx512_scale_row(float *srow, int n, float sc)
+{
+    const __m512 vsc = _mm512_set1_ps(sc);
+    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
+        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
+        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
+            _mm512_store_ps(sb + c0, _mm512_mul_ps(_mm512_load_ps(sb + c0), vsc));
+    }
+}
+
 /* One row's float P = e^(x sc - max) in place, over its first n columns (the float
  * softmax's exponential, avx512_vexp); returns the sum, lane by lane. */
 static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float max)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
     __m512 vsum = _mm512_setzero_ps();
+    const float sc = _mm512_cvtss_f32(vsc);
+    /* x sc - max in one FMA is off by the rounding of max, as above */
+    if (sc != 1.0f && !(fabsf(max) <= P_EXACT_MAX_L2E)) {
+        avx512_scale_row(srow, n, sc);
+        vsc = _mm512_set1_ps(1.0f);
+    }
     for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
         float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         const int bnc = nc - k0;
@@ -445,19 +471,22 @@ avx512_p16_row_body(const float *srow, int n, int nc, __m512 c1, __m512 negm1, u
 /* One row's P = 2^(x sc log2 e - max log2 e) over the step's blocks, rounded to bf16 into
  * prow two vectors at a time (one vcvtne2ps2bf16; zero from n to the end of its block);
  * returns the float exponentials' sum, lane by lane. */
-static BF16_FN __m512 avx512_p16_row(const float *srow, int n, int nc, float sc, float max,
+static BF16_FN __m512 avx512_p16_row(float *srow, int n, int nc, float sc, float max,
                                      uint16_t *prow)
 {
     const float l2e = 1.44269504088896341f;
-    if (fabsf(max * l2e) <= 3.0e38f && sc * l2e <= 3.0e38f)
+    if (fabsf(max * l2e) <= P_EXACT_MAX_L2E && sc * l2e <= 3.0e38f)
         return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e),
                                    _mm512_set1_ps(-max * l2e), prow, 0, NULL);
-    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc), _mm512_set1_ps(-max), prow, 1,
+    /* a max far from 0: (x sc - max) log2 e, with x sc rounded first (in place; s is
+     * scratch after the softmax) so that no exponent of the row is above 0 */
+    avx512_scale_row(srow, n, sc);
+    return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(1.0f), _mm512_set1_ps(-max), prow, 1,
                                NULL);
 }
 
-/* The same against a row's kept reference max ref (ref log2 e finite), one pass: *vmax gets
- * the lanes' max of the visible raw scores. */
+/* The same against a row's kept reference max ref (|ref log2 e| within P_EXACT_MAX_L2E), one
+ * pass: *vmax gets the lanes' max of the visible raw scores. */
 static BF16_FN __m512 avx512_p16_row_ref(const float *srow, int n, int nc, float sc, float ref,
                                          uint16_t *prow, __m512 *vmax)
 {
@@ -606,13 +635,13 @@ static BF16_FN void avx512_softmax16_rows_ref(float *s, int g, int n, const int 
     _mm512_mask_storeu_ps(row_sum, rows, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
 }
 
-/* 1 when every row of the group has a reference max whose multiple by log2 e, like the
- * scale's, is finite with room (the one-pass softmax's condition). */
+/* 1 when every row of the group has a reference max whose multiple by log2 e is within
+ * P_EXACT_MAX_L2E, and the scale's is finite with room (the one-pass softmax's condition). */
 static int avx512_rows_have_ref(const float *row_max, int g, float sc)
 {
     const __mmask16 rows = (__mmask16)((1u << g) - 1);
     const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
-    const __m512 big = _mm512_set1_ps(2.0e38f);
+    const __m512 big = _mm512_set1_ps(P_EXACT_MAX_L2E / 1.44269504088896341f);
     const __mmask16 ok = _mm512_mask_cmp_ps_mask(rows, _mm512_abs_ps(ref), big, _CMP_LE_OQ);
     return ok == rows && sc <= 2.0e38f;
 }

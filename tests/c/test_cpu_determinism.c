@@ -100,6 +100,10 @@ int main(void)
         /* ten key blocks in four uneven key chunks, causal and not */
         {FLASHC_BF16, 1, 300, 600, 4, 2, 64, FLASHC_CAUSAL_NONE},
         {FLASHC_F32, 1, 600, 600, 2, 1, 96, FLASHC_CAUSAL_BOTTOM_RIGHT},
+        /* a head's packed K/V of 2 MiB: the forward's tasks take two query blocks each, here
+         * three blocks (the last task one) */
+        {FLASHC_F32, 1, 150, 1024, 2, 1, 256, FLASHC_CAUSAL_BOTTOM_RIGHT},
+        {FLASHC_BF16, 1, 150, 2050, 2, 1, 256, FLASHC_CAUSAL_BOTTOM_RIGHT},
     };
     const int thread_counts[] = {1, 2, 3, 5, 8};
     const char *sets[] = TEST_CPU_SETS;

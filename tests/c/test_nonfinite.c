@@ -235,6 +235,28 @@ static const attn_case attn_cases[] = {
      {{'q', 0, 0, 5, NAN}, {'q', 99, 1, 0, NAN}}, 0, 1},
     {"visible K NaN window", 100, 120, 2, 1, 64, FLASHC_CAUSAL_NONE, 10, 10, 0, {0}, {0},
      {{'k', 50, 0, 5, NAN}}, 0, 1},
+    /* more than 256 keys: past a row's first softmax step the bf16 path takes P against the
+     * row's kept max in one pass, and a second pass where the max passes it by more than 8 */
+    {"long rows K NaN", 70, 600, 2, 2, 64, FLASHC_CAUSAL_NONE, -1, -1, 0, {0}, {0},
+     {{'k', 400, 0, 5, NAN}}, 0, 1},
+    {"long rows K inf", 70, 600, 2, 2, 64, FLASHC_CAUSAL_NONE, -1, -1, 0, {0}, {0},
+     {{'k', 450, 0, 3, INFINITY}, {'k', 300, 1, 3, -INFINITY}}, 0, 1},
+    {"long rows max jumps", 70, 600, 2, 2, 64, FLASHC_CAUSAL_NONE, -1, -1, 0, {0}, {0},
+     {{'k', 500, 0, 3, 200.0f}, {'k', 300, 1, 3, -200.0f}, {'k', 599, 1, 4, 300.0f}}, 0, 0},
+    /* finite scores near 1e29 (head dim 64: a power-of-two scale; 80: not): a row's exponents
+     * must be taken against its max without the max's rounding error (about 1e22 there),
+     * else P overflows or vanishes and O turns NaN; a NaN in V at key 120 sends the block of
+     * rows 64..127 through the float softmax, rows 100..119 seeing key 100 but not it */
+    {"huge scores", 70, 600, 2, 2, 64, FLASHC_CAUSAL_NONE, -1, -1, 0, {0}, {0},
+     {{'k', 100, 0, 3, 1e30f}, {'k', 300, 1, 3, -1e30f}, {'k', 599, 1, 4, 1e37f}}, 0, 0},
+    {"huge scores d80", 600, 600, 2, 2, 80, BR, -1, -1, 0, {0}, {0},
+     {{'k', 500, 0, 3, 1e30f}, {'k', 100, 1, 3, -1e30f}, {'v', 120, 1, 0, NAN}}, 0, 1},
+    /* more queries than keys, bottom-right: rows that see no key beside rows that do, in
+     * softmax steps of several blocks */
+    {"causal masked rows", 400, 300, 2, 1, 64, BR, -1, -1, 0, {0}, {0},
+     {{'k', 5, 0, 5, NAN}, {'v', 290, 0, 3, NAN}, {'k', 250, 0, 6, INFINITY}}, 0, 1},
+    {"varlen long rows", 0, 0, 2, 1, 64, BR, -1, -1, 4, {1, 0, 300, 70}, {0, 5, 520, 300},
+     {{'k', 300, 0, 3, NAN}, {'k', 100, 0, 3, 500.0f}, {'v', 400, 0, 3, NAN}}, 0, 1},
 };
 
 /* ---- KV cache ---- */
