@@ -180,16 +180,11 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
 }
 
 /* Shared memory, every tile 1024-byte aligned (the 128-byte swizzle atom): Q, then the K
- * ring, then the V ring, then (SEP_O) the O tile, then the mbarriers. With SEP_O, built with
- * FC_SM90_FWD_SEPARATE_O where shared memory has room (head dims up to 128), O is staged for
- * its TMA store in a tile of its own, so that the next tile's Q can load as soon as the last
- * S = Q K^T has read this one, over the last block's softmax, P V and the epilogue; otherwise
- * O is staged in the Q tile and the next Q waits until the copy engine has read O out of it. */
-/* The separate O tile is measured (docs/PERF.md) but stays off until it has passed the
- * standalone check and compute-sanitizer on a GPU: -DFC_SM90_FWD_SEPARATE_O=1 builds it. */
-#ifndef FC_SM90_FWD_SEPARATE_O
-#define FC_SM90_FWD_SEPARATE_O 0
-#endif
+ * ring, then the V ring, then (SEP_O) the O tile, then the mbarriers. Where shared memory has
+ * room (head dims up to 128), O is staged for its TMA store in a tile of its own (SEP_O), so
+ * that the next tile's Q can load as soon as the last S = Q K^T has read this one, over the
+ * last block's softmax, P V and the epilogue; otherwise (head dim 256) O is staged in the Q
+ * tile and the next Q waits until the copy engine has read O out of it. */
 template <int D, int BN, int STAGES, int NC>
 struct sm90_fwd_layout {
     static constexpr int PANELS = D / 64;
@@ -202,7 +197,7 @@ struct sm90_fwd_layout {
      * only 16-byte aligned */
     static constexpr uint32_t TAIL = BARS * 8 + 16 + 1024;
     static constexpr bool SEP_O =
-        FC_SM90_FWD_SEPARATE_O && V_OFF + STAGES * KV_BYTES + Q_BYTES + TAIL <= 232448; /* 227 KB */
+        V_OFF + STAGES * KV_BYTES + Q_BYTES + TAIL <= 232448; /* 227 KB */
     static constexpr uint32_t O_OFF = SEP_O ? V_OFF + STAGES * KV_BYTES : 0;
     static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES + (SEP_O ? Q_BYTES : 0);
     static constexpr uint32_t TILE_OFF = BAR_OFF + BARS * 8; /* the tile handed to consumers */

@@ -382,6 +382,7 @@ template <int PANELS>
 SM90_DEVICE void sm90_zero_tile_rows(uint32_t tile, int rows, int from, int t, int nthreads)
 {
     constexpr int CHUNKS = PANELS * 8; /* 16-byte chunks of one row */
+#pragma unroll 1
     for (int c = t; c < (rows - from) * CHUNKS; c += nthreads) {
         const int r = from + c / CHUNKS, pn = (c % CHUNKS) / 8, ch = c % 8;
         const uint32_t addr = tile + pn * (rows * 128) + r * 128 + ch * 16;

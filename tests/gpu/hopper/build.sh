@@ -3,8 +3,7 @@
 # files, with the register and spill report of every kernel (-Xptxas -v) kept in
 # build/ptxas.txt and the SASS in build/check_fwd_sm90.sass when cuobjdump is found.
 # Usage: tests/gpu/hopper/build.sh [output-dir]   (default: tests/gpu/hopper/build)
-# FC_NVCC_FLAGS adds compiler flags (-DFC_SM90_FWD_TILES=0 builds the earlier tile shapes,
-# -DFC_SM90_FWD_SEPARATE_O=1 the forward with O staged apart from Q).
+# FC_NVCC_FLAGS adds compiler flags (-DFC_SM90_FWD_TILES=0 builds the earlier tile shapes).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
