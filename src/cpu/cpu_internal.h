@@ -275,7 +275,6 @@ static inline void flashc_cpu_prefetch_ahead(const flashc_tensor *t, int64_t b, 
         flashc_cpu_prefetch_row(t, b, s0 + i, h, for_write);
 }
 
-
 /* dst[n][dp] = scale * rows [s0, s0 + n) of head h of batch b, as float32, dims d..dp zero. */
 void flashc_cpu_pack_rows(float *dst, int dp, const flashc_tensor *t, int64_t b, int64_t s0,
                           int n, int64_t h, float scale);

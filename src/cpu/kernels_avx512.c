@@ -1,10 +1,11 @@
 /*
  * kernels_avx512.c - AVX-512 micro-kernels (AVX-512F/BW/VL; built with those flags only for
  * this file). The float32 products come from kernels_simd.inc with 6 x 4 register tiles
- * (24 zmm accumulators, 64 columns); the bf16 forward and backward products use AVX512_BF16
- * vdpbf16ps,
- * which does two multiply-adds per lane per instruction: twice the float32 FMA rate where
- * the core issues it at the FMA rate (measured so on Zen 4).
+ * (24 zmm accumulators, 64 columns), as do the guards of the softmax (a negative scale, a max
+ * far from 0), which the 16-row softmax here shares with the other sets; the bf16 forward
+ * and backward products use AVX512_BF16 vdpbf16ps, which does two multiply-adds per lane
+ * per instruction: twice the float32 FMA rate where the core issues it at the FMA rate
+ * (measured so on Zen 4).
  *
  * exp: x is clamped to >= -150 (exp(-inf) and anything below -103.97 give exactly 0 through
  * vscalefps underflow), n = round(x log2 e), r = x - n ln2 (two-constant Cody-Waite, exact
@@ -68,7 +69,7 @@ static inline vf avx512_vexp(vf x)
     return _mm512_scalef_ps(p, n);
 }
 
-#define KN_OWN_SOFTMAX /* 16 rows at a time, below */
+#define KN_OWN_SOFTMAX /* 16 rows at a time, below, on the shared guards */
 #include "cpu/kernels_simd.inc"
 
 static int avx512_supported(void)
@@ -108,9 +109,6 @@ static inline __m512 avx512_sum16(const __m512 *v)
 /* The bf16 functions need the extra instruction set; the attribute keeps the rest of the file
  * runnable on AVX-512 parts without it. */
 #define BF16_FN __attribute__((target("avx512bf16")))
-
-/* A softmax step of several key blocks keeps S and P16 as one [64][64] block after another. */
-enum { SCORE_BLOCK = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N };
 
 /* C[mr][64] = A16[mr][0:k] * panel16: per pair of dims, broadcast one 32-bit (d, d+1) pair of
  * each row and dot it with 4 zmm of 16 keys x 2 dims. */
@@ -374,38 +372,13 @@ static void avx512_row_dead(float *srow, int n, int nc, float *row_sum, uint16_t
     }
 }
 
-/* The largest |max log2 e| for which a row's exponent may be formed from the raw scores and
- * rounded constants (x sc log2 e - max log2 e in one FMA, or x sc - max): their rounding
- * errors, a few 2^-24 of it, shift every exponent of the row alike, which cancels between P
- * and the row sum while the shift stays small. From about 2^29 on the shift alone overflows or
- * underflows P, giving a NaN O and an infinite LSE for finite scores; rows past this bound
- * take x sc rounded as their max was (avx512_scale_row), whose own exponent is then 0. */
-#define P_EXACT_MAX_L2E 65536.0f
-
-/* Row srow of a step, its first n columns: x = x sc, each product rounded to float, as the
- * row's max (the max of the raw scores times sc) was. */
-static void avx512_scale_row(float *srow, int n, float sc)
-{
-    const __m512 vsc = _mm512_set1_ps(sc);
-    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
-        float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
-        for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-            _mm512_store_ps(sb + c0, _mm512_mul_ps(_mm512_load_ps(sb + c0), vsc));
-    }
-}
-
 /* One row's float P = e^(x sc - max) in place, over its first n columns (the float
  * softmax's exponential, avx512_vexp); returns the sum, lane by lane. */
-static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float max)
+static inline __m512 avx512_pf_row(float *srow, int n, int nc, float sc, float max)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vnegmax = _mm512_set1_ps(-max);
+    const __m512 vsc = _mm512_set1_ps(avx512_exact_max_sc(srow, n, sc, max));
     __m512 vsum = _mm512_setzero_ps();
-    const float sc = _mm512_cvtss_f32(vsc);
-    /* x sc - max in one FMA is off by the rounding of max, as above */
-    if (sc != 1.0f && !(fabsf(max) <= P_EXACT_MAX_L2E)) {
-        avx512_scale_row(srow, n, sc);
-        vsc = _mm512_set1_ps(1.0f);
-    }
     for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N) {
         float *sb = srow + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK;
         const int bnc = nc - k0;
@@ -423,8 +396,8 @@ static inline __m512 avx512_pf_row(float *srow, int n, int nc, __m512 vsc, float
 
 /* 2^t of the 16 scores from column c0 of a block (zero from bn on; -inf past the visible
  * bnc when the block is not all visible). t = x c1 - m1 in one FMA, or, two_step (a
- * constant after inlining), (x c1 - m1) l2e: x sc - max first, for the rows whose max log2 e
- * would not be finite. */
+ * constant after inlining), (x c1 - m1) l2e: x sc - max first, for the rows whose max is far
+ * from 0 (KN_EXACT_MAX) or whose sc log2 e would not be finite. */
 static inline __attribute__((always_inline)) __m512
 avx512_p16_exp(const float *sb, int c0, int bn, int bnc, __m512 c1, __m512 negm1,
                const int two_step, __m512 *vmax)
@@ -475,18 +448,20 @@ static BF16_FN __m512 avx512_p16_row(float *srow, int n, int nc, float sc, float
                                      uint16_t *prow)
 {
     const float l2e = 1.44269504088896341f;
-    if (fabsf(max * l2e) <= P_EXACT_MAX_L2E && sc * l2e <= 3.0e38f)
+    if (avx512_max_folds(max) && sc * l2e <= 3.0e38f)
         return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(sc * l2e),
                                    _mm512_set1_ps(-max * l2e), prow, 0, NULL);
-    /* a max far from 0: (x sc - max) log2 e, with x sc rounded first (in place; s is
-     * scratch after the softmax) so that no exponent of the row is above 0 */
+    /* a max far from 0 (KN_EXACT_MAX): (x sc - max) log2 e, with x sc rounded first (in
+     * place; s is scratch after the softmax) so that no exponent of the row is above 0.
+     * Unlike the float softmax's guard (avx512_exact_max_sc), sc = 1 is no exemption here:
+     * log2 e is folded into both constants all the same. */
     avx512_scale_row(srow, n, sc);
     return avx512_p16_row_body(srow, n, nc, _mm512_set1_ps(1.0f), _mm512_set1_ps(-max), prow, 1,
                                NULL);
 }
 
-/* The same against a row's kept reference max ref (|ref log2 e| within P_EXACT_MAX_L2E), one
- * pass: *vmax gets the lanes' max of the visible raw scores. */
+/* The same against a row's kept reference max ref (|ref| within KN_EXACT_MAX), one pass:
+ * *vmax gets the lanes' max of the visible raw scores. */
 static BF16_FN __m512 avx512_p16_row_ref(const float *srow, int n, int nc, float sc, float ref,
                                          uint16_t *prow, __m512 *vmax)
 {
@@ -515,7 +490,6 @@ avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *r
     const __mmask16 dead = _mm512_mask_cmp_ps_mask(rows, newm, neg_inf, _CMP_EQ_OQ);
     float maxes[16] __attribute__((aligned(64)));
     _mm512_store_ps(maxes, newm);
-    const __m512 vsc = _mm512_set1_ps(sc);
     __m512 sums[16];
     for (int r = 0; r < 16; r++) {
         float *srow = s + r * FLASHC_CPU_BLOCK_N;
@@ -528,7 +502,7 @@ avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *r
         else if (out16)
             sums[r] = avx512_p16_row(srow, n, ncols[r], sc, maxes[r], prow);
         else
-            sums[r] = avx512_pf_row(srow, n, ncols[r], vsc, maxes[r]);
+            sums[r] = avx512_pf_row(srow, n, ncols[r], sc, maxes[r]);
     }
     const __mmask16 live = rows & ~dead;
     const __m512 alpha = _mm512_maskz_mov_ps(live, avx512_vexp(_mm512_sub_ps(old, newm)));
@@ -546,22 +520,6 @@ avx512_softmax_rows(float *s, int g, int n, const int *ncols, float sc, float *r
         for (int d = 0; d < dp; d += 16)
             _mm512_store_ps(orow + d, _mm512_mul_ps(_mm512_load_ps(orow + d), va));
     }
-}
-
-/* A negative scale turns the max into a min: the step's scores are scaled first and then
- * treated with scale 1. Returns the scale left to fold into the exponent. */
-static float avx512_prescale(float *s, int m, int n, float scale)
-{
-    if (scale >= 0.0f)
-        return scale;
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int k0 = 0; k0 < n; k0 += FLASHC_CPU_BLOCK_N)
-        for (int r = 0; r < m; r++) {
-            float *row = s + (k0 / FLASHC_CPU_BLOCK_N) * SCORE_BLOCK + r * FLASHC_CPU_BLOCK_N;
-            for (int c0 = 0; c0 < n - k0 && c0 < FLASHC_CPU_BLOCK_N; c0 += 16)
-                _mm512_store_ps(row + c0, _mm512_mul_ps(_mm512_load_ps(row + c0), vscale));
-        }
-    return 1.0f;
 }
 
 /* Exponentials that underflow (the masked keys' exp(-inf), keys more than 87 below the
@@ -635,13 +593,14 @@ static BF16_FN void avx512_softmax16_rows_ref(float *s, int g, int n, const int 
     _mm512_mask_storeu_ps(row_sum, rows, _mm512_fmadd_ps(sum, alpha, avx512_sum16(sums)));
 }
 
-/* 1 when every row of the group has a reference max whose multiple by log2 e is within
- * P_EXACT_MAX_L2E, and the scale's is finite with room (the one-pass softmax's condition). */
+/* 1 when every row of the group has a reference max that may fold into one FMA
+ * (avx512_max_folds, 16 rows at a time), and the scale's multiple by log2 e is finite with
+ * room (the one-pass softmax's condition). */
 static int avx512_rows_have_ref(const float *row_max, int g, float sc)
 {
     const __mmask16 rows = (__mmask16)((1u << g) - 1);
     const __m512 ref = _mm512_maskz_loadu_ps(rows, row_max);
-    const __m512 big = _mm512_set1_ps(P_EXACT_MAX_L2E / 1.44269504088896341f);
+    const __m512 big = _mm512_set1_ps(KN_EXACT_MAX);
     const __mmask16 ok = _mm512_mask_cmp_ps_mask(rows, _mm512_abs_ps(ref), big, _CMP_LE_OQ);
     return ok == rows && sc <= 2.0e38f;
 }

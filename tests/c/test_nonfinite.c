@@ -251,6 +251,11 @@ static const attn_case attn_cases[] = {
      {{'k', 100, 0, 3, 1e30f}, {'k', 300, 1, 3, -1e30f}, {'k', 599, 1, 4, 1e37f}}, 0, 0},
     {"huge scores d80", 600, 600, 2, 2, 80, BR, -1, -1, 0, {0}, {0},
      {{'k', 500, 0, 3, 1e30f}, {'k', 100, 1, 3, -1e30f}, {'v', 120, 1, 0, NAN}}, 0, 1},
+    /* a row's max on either side of the bound past which its exponents take x sc rounded
+     * first (|max| 45000): the same softmax either way, in the bf16 softmax and, for the
+     * block that the NaN in V sends there, in the float one */
+    {"scores near the exact bound d80", 600, 600, 2, 2, 80, BR, -1, -1, 0, {0}, {0},
+     {{'q', 400, 1, 3, 1.9e5f}, {'q', 450, 1, 3, 4e5f}, {'v', 120, 1, 0, NAN}}, 0, 1},
     /* more queries than keys, bottom-right: rows that see no key beside rows that do, in
      * softmax steps of several blocks */
     {"causal masked rows", 400, 300, 2, 1, 64, BR, -1, -1, 0, {0}, {0},
