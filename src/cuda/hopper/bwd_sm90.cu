@@ -44,13 +44,13 @@
  *
  * BM = 64 query rows per block. Head dim 128: consumer c's dQ unit is head-dim columns
  * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS). Head dim 64: each
- * consumer computes the whole 64 x 64 dQ over its own 64 keys and both add into the same
- * accumulator (twice the reduction traffic; a 32-column split would halve it); it reads only
- * its own half of dS, so the two consumers never wait for each other and one's exponentials
- * run beside the other's products, and it issues the dQ product first so that its reduction
- * runs beside dK and dV. Every GEMM
- * uses an operand form (K-major SS, MN-major B in SS and RS) that the forward's layout probe
- * checked.
+ * consumer computes the whole 64 x 64 dQ over its own 64 keys, so it reads only its own half
+ * of dS and the two consumers do not wait for each other's dS (one's exponentials run beside
+ * the other's products); it issues the dQ product first so that the reduction runs beside
+ * dK and dV. The two partials are summed in shared memory (consumer 0 stores, consumer 1
+ * adds and reduces into global memory): one adder per block, half the reduction traffic of
+ * two and, in deterministic mode, half the turns. Every GEMM uses an operand form (K-major
+ * SS, MN-major B in SS and RS) that the forward's layout probe checked.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -81,6 +81,10 @@
 #define SM90B_BAR_SEM0 2
 #define SM90B_BAR_TAIL 4
 #define SM90B_BAR_DS_OWN0 5
+/* d64: consumer 0's partial dQ handed to consumer 1 through shared memory: 7 + 2 b publishes
+ * it in buffer b, 11 + b hands buffer b back. */
+#define SM90B_BAR_DQ_FULL0 7
+#define SM90B_BAR_DQ_EMPTY0 11
 
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
@@ -168,7 +172,10 @@ struct sm90_bwd_layout {
     static constexpr uint32_t Q_OFF = 2 * KV_BYTES;
     static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QT_BYTES;
     static constexpr uint32_t DS_OFF = DO_OFF + STAGES * QT_BYTES;
-    static constexpr uint32_t VEC_OFF = DS_OFF + 2 * DS_BYTES;
+    /* d64: two buffers of consumer 0's partial dQ (64 x 64 fp32, fragment order) */
+    static constexpr uint32_t DQ_BYTES = D == 64 ? BM * D * 4 : 0;
+    static constexpr uint32_t DQ_OFF = DS_OFF + 2 * DS_BYTES;
+    static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
     static constexpr uint32_t BARS = 1 + 2 * STAGES;
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
@@ -264,6 +271,55 @@ static __device__ __forceinline__ void sm90b_issue_rs(float (&acc)[D / 2], const
     for (int kk = 0; kk < BM / 16; kk++) {
         const uint64_t db = sm90_desc_mnmajor(x_tile + kk * 16 * 128, BM * 128);
         sm90_wgmma_rs<D, BF16, 1>(acc, a[kk], db, 1);
+    }
+}
+
+/* d64: the partial dQ of two consumers that each ran over their own 64 keys, summed in shared
+ * memory at buf (this thread's floats, 16 bytes apart per 4 registers; buffer b = it & 1 of
+ * the caller): consumer 0 stores its registers, consumer 1 adds them into its own. Thread t of
+ * one reads what thread t of the other wrote. Consumer 0 first waits (wait_empty) for consumer
+ * 1 to have read the buffer two blocks back; consumer 1 hands it back when a block two on will
+ * use it (give_back), so that no arrival is left pending at the end. */
+static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[32], uint32_t buf, int c, int b, bool wait_empty,
+                                                         bool give_back)
+{
+    if (c == 0) {
+        if (wait_empty) sm90_bar_sync(SM90B_BAR_DQ_EMPTY0 + b, 256);
+#pragma unroll
+        for (int g = 0; g < 8; g++) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+        sm90_bar_arrive(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
+    } else {
+        sm90_bar_sync(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
+#pragma unroll
+        for (int g = 0; g < 8; g++) {
+            const float4 v = sm90_ld_shared_v4(buf + g * 2048);
+            d[4 * g] += v.x, d[4 * g + 1] += v.y, d[4 * g + 2] += v.z, d[4 * g + 3] += v.w;
+        }
+        if (give_back) sm90_bar_arrive(SM90B_BAR_DQ_EMPTY0 + b, 256);
+    }
+}
+
+/* Adds a dQ unit into the fp32 accumulator acc (this thread's floats, fragment order: its
+ * registers 4g..4g+3 at acc + 512 g). In deterministic mode the adders of a unit take turns
+ * through its semaphore: this one waits until rank adders have been. */
+static __device__ __forceinline__ void sm90b_add_dq(const float (&d)[32], float *acc, bool det, int *sem, int rank,
+                                                    int c, int t)
+{
+    if (det) {
+        if (t == 0)
+            while (sm90_ld_acquire_gpu(sem) < rank) {
+            }
+        sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++) sm90_red_add_v4(acc + g * 512, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+    if (det) {
+        __threadfence();
+        sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
+        if (t == 0) {
+            __threadfence();
+            atomicAdd(sem, 1);
+        }
     }
 }
 
@@ -415,6 +471,24 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         constexpr int KQ = D == 128 ? BN / 16 : 4;
         const uint32_t sK = sbase + L::K_OFF, sV = sbase + L::V_OFF;
 
+        /* Adds dQ unit u_ of (query head qh, block row m0), in deterministic mode in its turn:
+         * one adder per key block (d64: consumer 1, with the pair's sum; d128: consumer c for
+         * unit c), key blocks ascending. With a left window
+         * edge the key blocks that reach this query block start at the one holding its first
+         * row's first key, not at 0 (the visitors are a contiguous run of key blocks, both
+         * band edges growing). The addresses are computed here, after the products, so that
+         * they hold no registers across them. */
+#define SM90B_ADD_DQ(regs_, u_)                                                                    \
+    do {                                                                                           \
+        int nb0_ = 0;                                                                              \
+        if (FEAT && p.has_left) {                                                                  \
+            const long long j0_ = (long long)m0 + SM90B_OFF - p.left;                              \
+            nb0_ = j0_ <= 0 ? 0 : (int)(min(j0_, (long long)SM90B_LEN_K) / BN);                    \
+        }                                                                                          \
+        const int64_t wrow_ = SM90B_WS_ROW(qh, m0);                                                \
+        sm90b_add_dq(regs_, p.dq_acc + wrow_ * D + (u_) * 4096 + t * 4, p.deterministic,           \
+                     p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr, nb - nb0_, c, t); \
+    } while (0)
         float dv[D / 2], dk[D / 2];
 #pragma unroll
         for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
@@ -643,37 +717,17 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 sm90_fence_regs(dqa);
 
-                /* dQ unit c into the accumulator, fragment order */
-                float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D + unit * 4096 + t * 4;
-                int *sem = p.deterministic ? p.sem + (SM90B_WS_ROW(qh, m0) / BM * 2 + unit) : NULL;
-                if (p.deterministic) {
-                    /* the adders of a unit in a fixed order: key block ascending, and at d64
-                     * consumer 0 before consumer 1 */
-                    /* with a left window edge, the key blocks that reach this query block
-                     * start at the one holding its first row's first key, not at 0 (the
-                     * visitors are a contiguous run of key blocks, both band edges growing) */
-                    int nb0 = 0;
-                    if (FEAT && p.has_left) {
-                        const long long j0 = (long long)m0 + SM90B_OFF - p.left;
-                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)SM90B_LEN_K) / BN);
-                    }
-                    const int rank = D == 128 ? nb - nb0 : 2 * (nb - nb0) + c;
-                    if (t == 0)
-                        while (sm90_ld_acquire_gpu(sem) < rank) {
-                        }
-                    sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
-                }
-#pragma unroll
-                for (int g = 0; g < 8; g++)
-                    sm90_red_add_v4(acc + g * 512, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]);
-                if (p.deterministic) {
-                    __threadfence();
-                    sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
-                    if (t == 0) {
-                        __threadfence();
-                        atomicAdd(sem, 1);
-                    }
-                }
+                /* d64: the two consumers' partial dQ (each over its own 64 keys) are summed
+                 * in shared memory and added to global memory once, by consumer 1: half the
+                 * adds into L2, and in deterministic mode half the adders that take turns.
+                 * Consumer 0 stores its partial and goes on (it waits only for a buffer that
+                 * consumer 1 has not yet read, two blocks back). */
+                if (D == 64)
+                    sm90b_dq_pair_sum(dqa, sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16, c, it & 1, it >= 2,
+                                      it + 2 < n_iter);
+                /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
+                 * fragment order */
+                if (D == 128 || c == 1) SM90B_ADD_DQ(dqa, unit);
                 if constexpr (DQ_FIRST) {
                     sm90_wgmma_wait<0>();
                     sm90_fence_regs(dv);
@@ -706,6 +760,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }
         }
     }
+#undef SM90B_ADD_DQ
 #undef SM90B_WS_ROW
 #undef SM90B_OFF
 #undef SM90B_LEN_Q

@@ -489,6 +489,24 @@ SM90_DEVICE int sm90_ld_acquire_gpu(const int *p)
     return v;
 }
 
+/* Four floats to and from shared memory (16-byte aligned): a thread's part of a partial
+ * accumulator that another warpgroup's thread of the same index adds. */
+SM90_DEVICE void sm90_st_shared_v4(uint32_t addr, float a, float b, float c, float d)
+{
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+
+SM90_DEVICE float4 sm90_ld_shared_v4(uint32_t addr)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 /* One 16-bit store to shared memory (a transposed write of an accumulator element). */
 SM90_DEVICE void sm90_st_shared_b16(uint32_t addr, uint16_t v)
 {
