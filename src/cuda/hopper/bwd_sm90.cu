@@ -473,11 +473,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
         /* Adds dQ unit u_ of (query head qh, block row m0), in deterministic mode in its turn:
          * one adder per key block (d64: consumer 1, with the pair's sum; d128: consumer c for
-         * unit c), key blocks ascending. With a left window
-         * edge the key blocks that reach this query block start at the one holding its first
-         * row's first key, not at 0 (the visitors are a contiguous run of key blocks, both
-         * band edges growing). The addresses are computed here, after the products, so that
-         * they hold no registers across them. */
+         * unit c), key blocks ascending. With a left window edge the key blocks that reach
+         * this query block start at the one holding its first row's first key, not at 0 (the
+         * visitors are a contiguous run of key blocks, both band edges growing). The addresses
+         * are computed here, after the products, so that they hold no registers across them. */
 #define SM90B_ADD_DQ(regs_, u_)                                                                    \
     do {                                                                                           \
         int nb0_ = 0;                                                                              \
