@@ -274,6 +274,268 @@ static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint
     }
 }
 
+/* ---- float32 on bf16 tiles: each operand split into three bf16 parts ----
+ *
+ * x = x0 + x1 + x2 with x0 = bf16(x), x1 = bf16(x - x0), x2 = bf16(x - x0 - x1), each rounded
+ * to nearest even. x - x0 is exact (x0 is x's leading 8 bits, rounded), so x1 carries the next
+ * 8 and x2 the 8 after those: the three parts hold x's 24-bit significand to within 2^-24 |x|
+ * (exactly, unless a rounding carries across a binade). With |a1| <= 2^-8 |a| and
+ * |a2| <= 2^-16 |a| (and the same for b), the product a b is taken as the six terms
+ *   a2 b0 + a1 b1 + a0 b2 + a1 b0 + a0 b1 + a0 b0
+ * and the three left out (a1 b2, a2 b1, a2 b2) sum to at most (2^-23 + 2^-32) |a b|: every term
+ * kept is exact in float32 (8-bit by 8-bit significands) and tdpbf16ps accumulates them in
+ * float32, so a dot product of k terms has the float32 FMA loop's error (k roundings of the
+ * running sum, at most 2^-24 relative each) plus 2^-23 sum |a_i b_i| from the dropped terms.
+ * Parts below float32's normal range are read as zero by the tiles; they arise only where
+ * |x| < 2^-110 and change a product by less than 2^-126 |b|, below float32's own resolution
+ * of any sum they enter except sums of such tiny terms.
+ *
+ * The parts of a value are stored as three consecutive buffers of the same bf16 layout, each
+ * 64 x dp elements apart (kernels.h): rows3 for Q, panel3 for K^T, vpair3 for V. P is split
+ * by gemm_acc3 itself, as it is made anew for every block. The small terms go first so that
+ * they are summed among themselves before the large ones. */
+
+/* The six products, small first: part of A, part of B. */
+static const int x3_terms[6][2] = {{2, 0}, {1, 1}, {0, 2}, {1, 0}, {0, 1}, {0, 0}};
+
+static inline __attribute__((always_inline)) __m512 bf16_widen(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) __m256i bf16_round(__m512 x)
+{
+    return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* 16 floats into three bf16 parts, for P: finite values far from overflow (or NaN, which
+ * then leaves x1 and x2 NaN, the row being NaN already). */
+static inline __attribute__((always_inline)) void split3_fast(__m512 x, __m256i *h0, __m256i *h1,
+                                                              __m256i *h2)
+{
+    *h0 = bf16_round(x);
+    const __m512 d = _mm512_sub_ps(x, bf16_widen(*h0));
+    *h1 = bf16_round(d);
+    *h2 = bf16_round(_mm512_sub_ps(d, bf16_widen(*h1)));
+}
+
+/* The same for any input (Q, K and V as packed): where |x| >= 2^127 the leading part is x
+ * truncated rather than rounded, so that a finite value near FLT_MAX does not round to inf
+ * (then x0 + x1 + x2 stays exact, x1 and x2 carrying the rest); inf and NaN give (x, 0, 0).
+ * Non-finite Q or K never reach the products (the forward routes those blocks through the
+ * float32 kernels, as 0 * inf in a dropped or kept term would differ from float32's), and
+ * non-finite V rows take the sparse product; the parts are only kept well defined. */
+static inline __attribute__((always_inline)) void split3_safe(__m512 x, __m256i *h0, __m256i *h1,
+                                                              __m256i *h2)
+{
+    const __m512i xi = _mm512_castps_si512(x);
+    const __m512i expo = _mm512_and_si512(xi, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 big = _mm512_cmpge_epi32_mask(expo, _mm512_set1_epi32(0x7f000000));
+    const __mmask16 bad = _mm512_cmpeq_epi32_mask(expo, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512i x0i = _mm512_castps_si512(bf16_widen(bf16_round(x)));
+    x0i = _mm512_mask_and_epi32(x0i, big, xi, _mm512_set1_epi32((int)0xffff0000u));
+    x0i = _mm512_mask_mov_epi32(x0i, nan, _mm512_set1_epi32(0x7fc00000));
+    const __m512 x0 = _mm512_castsi512_ps(x0i);
+    *h0 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(x0i, 16));
+    const __m512 d = _mm512_maskz_sub_ps((__mmask16)~bad, x, x0);
+    *h1 = bf16_round(d);
+    *h2 = bf16_round(_mm512_sub_ps(d, bf16_widen(*h1)));
+}
+
+/* rows3: dst part i at dst + i * 64 dp, [m][dp] each, from float rows src[m][dp]; rows m up
+ * to 64 are left as they are (the tile kernels' scratch rows). */
+static void amx_split3_rows(uint16_t *dst, const float *src, int m, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_M * dp;
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < dp; c += 16) {
+            __m256i h0, h1, h2;
+            split3_safe(_mm512_load_ps(src + (ptrdiff_t)r * dp + c), &h0, &h1, &h2);
+            uint16_t *o = dst + (ptrdiff_t)r * dp + c;
+            _mm256_store_si256((__m256i *)o, h0);
+            _mm256_store_si256((__m256i *)(o + part), h1);
+            _mm256_store_si256((__m256i *)(o + 2 * part), h2);
+        }
+}
+
+/* Two rows of 16 floats, lo and hi, interleaved as 32 bf16 pairs (lo in the low half). */
+static inline __attribute__((always_inline)) void store_pairs(uint16_t *o, __m256i lo, __m256i hi)
+{
+    const __m512i l = _mm512_cvtepu16_epi32(lo), h = _mm512_cvtepu16_epi32(hi);
+    _mm512_store_si512((void *)o, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+}
+
+/* panel3: the float panel [dp][64] (K^T) into three panel16 parts [dp/2][64][2]. */
+static void amx_split3_panel(uint16_t *dst, const float *panel, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    for (int d = 0; d < dp; d += 2)
+        for (int c = 0; c < FLASHC_CPU_BLOCK_N; c += 16) {
+            __m256i a0, a1, a2, b0, b1, b2;
+            split3_safe(_mm512_load_ps(panel + d * FLASHC_CPU_BLOCK_N + c), &a0, &a1, &a2);
+            split3_safe(_mm512_load_ps(panel + (d + 1) * FLASHC_CPU_BLOCK_N + c), &b0, &b1, &b2);
+            uint16_t *o = dst + (ptrdiff_t)(d / 2) * FLASHC_CPU_BLOCK_N * 2 + c * 2;
+            store_pairs(o, a0, b0);
+            store_pairs(o + part, a1, b1);
+            store_pairs(o + 2 * part, a2, b2);
+        }
+}
+
+/* vpair3: float rows [64][dp] of V (zero past the block's keys) into three vpair16 parts
+ * [32][dp][2]. */
+static void amx_split3_vpair(uint16_t *dst, const float *rows, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    for (int k = 0; k < FLASHC_CPU_BLOCK_N; k += 2)
+        for (int c = 0; c < dp; c += 16) {
+            __m256i a0, a1, a2, b0, b1, b2;
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)k * dp + c), &a0, &a1, &a2);
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)(k + 1) * dp + c), &b0, &b1, &b2);
+            uint16_t *o = dst + (ptrdiff_t)(k / 2) * dp * 2 + c * 2;
+            store_pairs(o, a0, b0);
+            store_pairs(o + part, a1, b1);
+            store_pairs(o + 2 * part, a2, b2);
+        }
+}
+
+/* Rows r0.. and r0 + 16.. of S, keys kp.. (32), = sum of the six part products over dp. */
+static inline __attribute__((always_inline)) void
+amx_panel3_pair(int r0, int kp, int dp, const uint16_t *a3, const uint16_t *panel3, float *c)
+{
+    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t);
+    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
+    const size_t astride = (size_t)dp * sizeof(uint16_t);
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    float *c0 = c + r0 * FLASHC_CPU_BLOCK_N + kp, *c1 = c0 + 16 * FLASHC_CPU_BLOCK_N;
+    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, 0);
+    for (int t = 0; t < 6; t++) {
+        const uint16_t *a = a3 + x3_terms[t][0] * part + (ptrdiff_t)r0 * dp;
+        const uint16_t *b = panel3 + x3_terms[t][1] * part + kp * 2;
+        for (int p = 0; p < dp; p += 32) {
+            const uint16_t *bp = b + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
+            _tile_loadd(4, a + p, astride);
+            _tile_loadd(6, bp, bstride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, bp + 32, bstride);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, a + 16 * dp + p, astride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
+}
+
+/* S[64-row buffer][64] = Q K^T from rows3 (row stride dp) and panel3, over all dp dims (both
+ * zero past the head dim). */
+static void amx_gemm_panel3(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c)
+{
+    amx_configure();
+    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t);
+    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
+    const size_t astride = (size_t)dp * sizeof(uint16_t);
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) {
+        amx_panel3_pair(r0, 0, dp, a3, panel3, c);
+        amx_panel3_pair(r0, 32, dp, a3, panel3, c);
+    }
+    for (; r0 < m; r0 += 16) {
+        float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
+        amx_c_load(cr, cr + 16, cr + 32, cr + 48, cstride, 0);
+        for (int t = 0; t < 6; t++) {
+            const uint16_t *a = a3 + x3_terms[t][0] * part + (ptrdiff_t)r0 * dp;
+            const uint16_t *b = panel3 + x3_terms[t][1] * part;
+            for (int p = 0; p < dp; p += 32) {
+                const uint16_t *bp = b + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
+                _tile_loadd(4, a + p, astride);
+                _tile_loadd(5, bp + 0 * 32, bstride);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, bp + 1 * 32, bstride);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(5, bp + 2 * 32, bstride);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(6, bp + 3 * 32, bstride);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+        }
+        amx_c_store(cr, cr + 16, cr + 32, cr + 48, cstride);
+    }
+}
+
+/* P split for gemm_acc3, per thread: [3][64][64] bf16. */
+static __thread uint16_t p3_buf[3 * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N]
+    __attribute__((aligned(64)));
+
+/* O[64-row buffer][dp] += P[m][0:n] V: P (float, row stride 64) split here, rows m up to the
+ * strip's end and columns n up to 64 as zero; V from vpair3 (zero past the block's keys). */
+static void amx_gemm_acc3(int m, int n, int dp, const float *p, const uint16_t *vpair3,
+                          float *c)
+{
+    amx_configure();
+    const int rows = (m + 15) & ~15, nk = (n + 31) & ~31;
+    const ptrdiff_t ppart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    const ptrdiff_t vpart = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < nk; k += 16) {
+            const __mmask16 keep = r < m ? (__mmask16)(n - k >= 16 ? 0xffff : n > k ? (1u << (n - k)) - 1 : 0) : 0;
+            __m256i h0, h1, h2;
+            split3_fast(_mm512_maskz_load_ps(keep, p + r * FLASHC_CPU_BLOCK_N + k), &h0, &h1, &h2);
+            uint16_t *o = p3_buf + r * FLASHC_CPU_BLOCK_N + k;
+            _mm256_store_si256((__m256i *)o, h0);
+            _mm256_store_si256((__m256i *)(o + ppart), h1);
+            _mm256_store_si256((__m256i *)(o + 2 * ppart), h2);
+        }
+    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
+    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t);
+    const size_t cstride = (size_t)dp * sizeof(float);
+    int r0 = 0;
+    for (; r0 + 16 < m; r0 += 32) {
+        float *cr = c + (ptrdiff_t)r0 * dp, *cr16 = cr + 16 * (ptrdiff_t)dp;
+        for (int c0 = 0; c0 < dp; c0 += 32) {
+            amx_c_load(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride, 1);
+            for (int t = 0; t < 6; t++) {
+                const uint16_t *a = p3_buf + x3_terms[t][0] * ppart + r0 * FLASHC_CPU_BLOCK_N;
+                const uint16_t *b = vpair3 + x3_terms[t][1] * vpart + c0 * 2;
+                for (int kb = 0; kb < nk; kb += 32) {
+                    const uint16_t *bp = b + (ptrdiff_t)(kb / 2) * dp * 2;
+                    _tile_loadd(4, a + kb, astride);
+                    _tile_loadd(6, bp, bstride);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_loadd(7, bp + 32, bstride);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_loadd(5, a + 16 * FLASHC_CPU_BLOCK_N + kb, astride);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            amx_c_store(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride);
+        }
+    }
+    if (r0 < m) { /* a last odd strip: two C tiles of 16 columns at a time */
+        float *cr = c + (ptrdiff_t)r0 * dp;
+        for (int c0 = 0; c0 < dp; c0 += 32) {
+            _tile_loadd(0, cr + c0, cstride);
+            _tile_loadd(1, cr + c0 + 16, cstride);
+            for (int t = 0; t < 6; t++) {
+                const uint16_t *a = p3_buf + x3_terms[t][0] * ppart + r0 * FLASHC_CPU_BLOCK_N;
+                const uint16_t *b = vpair3 + x3_terms[t][1] * vpart + c0 * 2;
+                for (int kb = 0; kb < nk; kb += 32) {
+                    const uint16_t *bp = b + (ptrdiff_t)(kb / 2) * dp * 2;
+                    _tile_loadd(4, a + kb, astride);
+                    _tile_loadd(5, bp, bstride);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, bp + 32, bstride);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+            }
+            _tile_stored(0, cr + c0, cstride);
+            _tile_stored(1, cr + c0 + 16, cstride);
+        }
+    }
+}
+
 /* The rest is the AVX-512 set's, called through its table. */
 static void amx_gemm_panel(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
                            float *c)
@@ -376,6 +638,12 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16_acc = amx_gemm_panel16_acc,
     .pair_p16 = amx_pair_p16,
     .bf16_supported = amx_supported,
+    .x3_supported = amx_supported,
+    .split3_rows = amx_split3_rows,
+    .split3_panel = amx_split3_panel,
+    .split3_vpair = amx_split3_vpair,
+    .gemm_panel3 = amx_gemm_panel3,
+    .gemm_acc3 = amx_gemm_acc3,
     .decode_qk = amx_decode_qk,
     .decode_qk16 = amx_decode_qk16,
     .decode_pv = amx_decode_pv,
