@@ -124,7 +124,8 @@ typedef struct flashc_cpu_kernels {
      *   panel3  [3][dp/2][64][2]   K^T (panel16 per part)
      *   vpair3  [3][32][dp][2]     V (vpair16 per part)
      *   split3_rows:  rows3 from float rows src[m][dp] (rows m..64 left as they are).
-     *   split3_panel: panel3 from a float panel [dp][64].
+     *   split3_panel: panel3 from a float panel [dp][64]; returns 1 if it holds a NaN or
+     *                 inf (0 otherwise), so that packing needs no second pass over K.
      *   split3_vpair: vpair3 from float rows [64][dp].
      *   gemm_panel3:  C[m][64] = A * panel^T over all dp dims (both zero past head_dim).
      *   gemm_acc3:    C[m][dp] += P[m][0:n] * V, P a float score block (row stride 64),
@@ -134,7 +135,7 @@ typedef struct flashc_cpu_kernels {
      * K take the float32 kernels. x3_supported says whether this processor runs them. */
     int (*x3_supported)(void);
     void (*split3_rows)(uint16_t *dst, const float *src, int m, int dp);
-    void (*split3_panel)(uint16_t *dst, const float *panel, int dp);
+    int (*split3_panel)(uint16_t *dst, const float *panel, int dp);
     void (*split3_vpair)(uint16_t *dst, const float *rows, int dp);
     void (*gemm_panel3)(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c);
     void (*gemm_acc3)(int m, int n, int dp, const float *p, const uint16_t *vpair3, float *c);

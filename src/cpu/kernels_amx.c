@@ -285,15 +285,30 @@ static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint
  * and the three left out (a1 b2, a2 b1, a2 b2) sum to at most (2^-23 + 2^-32) |a b|: every term
  * kept is exact in float32 (8-bit by 8-bit significands) and tdpbf16ps accumulates them in
  * float32, so a dot product of k terms has the float32 FMA loop's error (k roundings of the
- * running sum, at most 2^-24 relative each) plus 2^-23 sum |a_i b_i| from the dropped terms.
- * Parts below float32's normal range are read as zero by the tiles; they arise only where
- * |x| < 2^-110 and change a product by less than 2^-126 |b|, below float32's own resolution
- * of any sum they enter except sums of such tiny terms.
+ * running sum, at most 2^-24 relative each) plus at most 2^-23 sum |a_i b_i| from the dropped
+ * terms, whose signs vary with the rounding of each part. The small terms go first, so the
+ * roundings of their sums are relative to small partial sums. Parts below float32's normal
+ * range are read as zero by the tiles; they arise only where |x| < 2^-110 and change a
+ * product by less than 2^-126 |b|, below float32's resolution of any sum they enter except
+ * sums of such tiny terms.
  *
- * The parts of a value are stored as three consecutive buffers of the same bf16 layout, each
- * 64 x dp elements apart (kernels.h): rows3 for Q, panel3 for K^T, vpair3 for V. P is split
- * by gemm_acc3 itself, as it is made anew for every block. The small terms go first so that
- * they are summed among themselves before the large ones. */
+ * Layout: the parts are stored tile by tile, each 16 x 32 bf16 tile (1 KiB) contiguous, so
+ * that every tile load reads 16 consecutive cache lines. Rows of Q laid out as rows16 (a tile
+ * row of 64 bytes every 2 dp bytes) and K^T as panel16 (every 256 bytes) spread each load
+ * over lines shared with other tiles, and the products ran at 40% of the tiles' rate once
+ * the operands outgrew L1 (head dim 128); contiguous tiles stream from L2 at nearly the full
+ * rate. Part i of a buffer is 64 dp elements after part i - 1 (kernels.h), and within a part:
+ *   rows3  (Q, A of S):     tile (strip r/16, dims c/32) at (r/16 * dp/32 + c/32) * 512,
+ *                           element (r%16) * 32 + c%32
+ *   panel3 (K^T, B of S):   tile (keys k/16, dims d/32) at (k/16 * dp/32 + d/32) * 512,
+ *                           element (d%32)/2 * 32 + (k%16) * 2 + d%2
+ *   vpair3 (V, B of P V):   tile (dims c/16, keys k/32) at (c/16 * 2 + k/32) * 512,
+ *                           element (k%32)/2 * 32 + (c%16) * 2 + k%2
+ *   P's parts (A of P V):   tile (strip r/16, keys k/32) at (r/16 * 2 + k/32) * 512,
+ *                           element (r%16) * 32 + k%32
+ */
+
+enum { TILE = 512 }; /* bf16 elements of one 16 x 32 tile */
 
 /* The six products, small first: part of A, part of B. */
 static const int x3_terms[6][2] = {{2, 0}, {1, 1}, {0, 2}, {1, 0}, {0, 1}, {0, 0}};
@@ -321,9 +336,9 @@ static inline __attribute__((always_inline)) void split3_fast(__m512 x, __m256i 
 
 /* The same for any input (Q, K and V as packed): where |x| >= 2^127 the leading part is x
  * truncated rather than rounded, so that a finite value near FLT_MAX does not round to inf
- * (then x0 + x1 + x2 stays exact, x1 and x2 carrying the rest); inf and NaN give (x, 0, 0).
- * Non-finite Q or K never reach the products (the forward routes those blocks through the
- * float32 kernels, as 0 * inf in a dropped or kept term would differ from float32's), and
+ * (x0 + x1 + x2 stays x, x1 then up to 2^-7 |x|); inf and NaN give (x, 0, 0). Non-finite Q
+ * or K never reach the products (the forward routes those blocks through the float32
+ * kernels: 0 * inf among the part products would give NaN where float32 gives inf), and
  * non-finite V rows take the sparse product; the parts are only kept well defined. */
 static inline __attribute__((always_inline)) void split3_safe(__m512 x, __m256i *h0, __m256i *h1,
                                                               __m256i *h2)
@@ -336,15 +351,34 @@ static inline __attribute__((always_inline)) void split3_safe(__m512 x, __m256i 
     __m512i x0i = _mm512_castps_si512(bf16_widen(bf16_round(x)));
     x0i = _mm512_mask_and_epi32(x0i, big, xi, _mm512_set1_epi32((int)0xffff0000u));
     x0i = _mm512_mask_mov_epi32(x0i, nan, _mm512_set1_epi32(0x7fc00000));
-    const __m512 x0 = _mm512_castsi512_ps(x0i);
     *h0 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(x0i, 16));
-    const __m512 d = _mm512_maskz_sub_ps((__mmask16)~bad, x, x0);
+    const __m512 d = _mm512_maskz_sub_ps((__mmask16)~bad, x, _mm512_castsi512_ps(x0i));
     *h1 = bf16_round(d);
     *h2 = bf16_round(_mm512_sub_ps(d, bf16_widen(*h1)));
 }
 
-/* rows3: dst part i at dst + i * 64 dp, [m][dp] each, from float rows src[m][dp]; rows m up
- * to 64 are left as they are (the tile kernels' scratch rows). */
+static inline __attribute__((always_inline)) void store3(uint16_t *o, ptrdiff_t part, __m256i h0,
+                                                         __m256i h1, __m256i h2)
+{
+    _mm256_store_si256((__m256i *)o, h0);
+    _mm256_store_si256((__m256i *)(o + part), h1);
+    _mm256_store_si256((__m256i *)(o + 2 * part), h2);
+}
+
+/* Two sets of 16 values, lo and hi, interleaved as 16 bf16 pairs (lo in the low half): one
+ * 64-byte tile row, for each part. */
+static inline __attribute__((always_inline)) void store3_pairs(uint16_t *o, ptrdiff_t part,
+                                                               const __m256i lo[3],
+                                                               const __m256i hi[3])
+{
+    for (int i = 0; i < 3; i++) {
+        const __m512i l = _mm512_cvtepu16_epi32(lo[i]), h = _mm512_cvtepu16_epi32(hi[i]);
+        _mm512_store_si512((void *)(o + i * part), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
+}
+
+/* rows3 from float rows src[m][dp]; rows m up to the strip's end are left as they are (the
+ * tile kernels' scratch rows). */
 static void amx_split3_rows(uint16_t *dst, const float *src, int m, int dp)
 {
     const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_M * dp;
@@ -352,74 +386,70 @@ static void amx_split3_rows(uint16_t *dst, const float *src, int m, int dp)
         for (int c = 0; c < dp; c += 16) {
             __m256i h0, h1, h2;
             split3_safe(_mm512_load_ps(src + (ptrdiff_t)r * dp + c), &h0, &h1, &h2);
-            uint16_t *o = dst + (ptrdiff_t)r * dp + c;
-            _mm256_store_si256((__m256i *)o, h0);
-            _mm256_store_si256((__m256i *)(o + part), h1);
-            _mm256_store_si256((__m256i *)(o + 2 * part), h2);
+            store3(dst + ((r / 16) * (dp / 32) + c / 32) * TILE + (r % 16) * 32 + c % 32, part,
+                   h0, h1, h2);
         }
 }
 
-/* Two rows of 16 floats, lo and hi, interleaved as 32 bf16 pairs (lo in the low half). */
-static inline __attribute__((always_inline)) void store_pairs(uint16_t *o, __m256i lo, __m256i hi)
-{
-    const __m512i l = _mm512_cvtepu16_epi32(lo), h = _mm512_cvtepu16_epi32(hi);
-    _mm512_store_si512((void *)o, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
-}
-
-/* panel3: the float panel [dp][64] (K^T) into three panel16 parts [dp/2][64][2]. */
-static void amx_split3_panel(uint16_t *dst, const float *panel, int dp)
+/* panel3 from the float panel [dp][64] (K^T); 1 if it holds a NaN or inf. */
+static int amx_split3_panel(uint16_t *dst, const float *panel, int dp)
 {
     const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    const __m512i expo = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
     for (int d = 0; d < dp; d += 2)
-        for (int c = 0; c < FLASHC_CPU_BLOCK_N; c += 16) {
-            __m256i a0, a1, a2, b0, b1, b2;
-            split3_safe(_mm512_load_ps(panel + d * FLASHC_CPU_BLOCK_N + c), &a0, &a1, &a2);
-            split3_safe(_mm512_load_ps(panel + (d + 1) * FLASHC_CPU_BLOCK_N + c), &b0, &b1, &b2);
-            uint16_t *o = dst + (ptrdiff_t)(d / 2) * FLASHC_CPU_BLOCK_N * 2 + c * 2;
-            store_pairs(o, a0, b0);
-            store_pairs(o + part, a1, b1);
-            store_pairs(o + 2 * part, a2, b2);
+        for (int k = 0; k < FLASHC_CPU_BLOCK_N; k += 16) {
+            __m256i a[3], b[3];
+            const __m512 x = _mm512_load_ps(panel + d * FLASHC_CPU_BLOCK_N + k);
+            const __m512 y = _mm512_load_ps(panel + (d + 1) * FLASHC_CPU_BLOCK_N + k);
+            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), expo), expo) |
+                   _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(y), expo), expo);
+            split3_safe(x, &a[0], &a[1], &a[2]);
+            split3_safe(y, &b[0], &b[1], &b[2]);
+            store3_pairs(dst + ((k / 16) * (dp / 32) + d / 32) * TILE + (d % 32) / 2 * 32, part, a,
+                         b);
         }
+    return bad != 0;
 }
 
-/* vpair3: float rows [64][dp] of V (zero past the block's keys) into three vpair16 parts
- * [32][dp][2]. */
+/* vpair3 from float rows [64][dp] of V (zero past the block's keys). */
 static void amx_split3_vpair(uint16_t *dst, const float *rows, int dp)
 {
     const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
     for (int k = 0; k < FLASHC_CPU_BLOCK_N; k += 2)
         for (int c = 0; c < dp; c += 16) {
-            __m256i a0, a1, a2, b0, b1, b2;
-            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)k * dp + c), &a0, &a1, &a2);
-            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)(k + 1) * dp + c), &b0, &b1, &b2);
-            uint16_t *o = dst + (ptrdiff_t)(k / 2) * dp * 2 + c * 2;
-            store_pairs(o, a0, b0);
-            store_pairs(o + part, a1, b1);
-            store_pairs(o + 2 * part, a2, b2);
+            __m256i a[3], b[3];
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)k * dp + c), &a[0], &a[1], &a[2]);
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)(k + 1) * dp + c), &b[0], &b[1], &b[2]);
+            store3_pairs(dst + ((c / 16) * 2 + k / 32) * TILE + (k % 32) / 2 * 32, part, a, b);
         }
 }
 
-/* Rows r0.. and r0 + 16.. of S, keys kp.. (32), = sum of the six part products over dp. */
+/* C tiles 0-3 (rows of strips s and s + 1, columns of groups g and g + 1: tile (i, j) at
+ * c + (s + i) 16 ldc + (g + j) 16) (+)= sum over the six terms and nk steps of
+ * A(strip, step) B(group, step), A's tile (strip, step) at a + (strip * astrips + step) TILE
+ * and B's (group, step) at b + (group * bgroups + step) TILE, the parts of A apart apart
+ * and those of B bpart. */
 static inline __attribute__((always_inline)) void
-amx_panel3_pair(int r0, int kp, int dp, const uint16_t *a3, const uint16_t *panel3, float *c)
+amx_x3_block(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
+             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
+             const int accumulate)
 {
-    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t);
-    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
-    const size_t astride = (size_t)dp * sizeof(uint16_t);
-    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
-    float *c0 = c + r0 * FLASHC_CPU_BLOCK_N + kp, *c1 = c0 + 16 * FLASHC_CPU_BLOCK_N;
-    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, 0);
+    const size_t cstride = (size_t)ldc * sizeof(float);
+    float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16, *c1 = c0 + (ptrdiff_t)16 * ldc;
+    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
     for (int t = 0; t < 6; t++) {
-        const uint16_t *a = a3 + x3_terms[t][0] * part + (ptrdiff_t)r0 * dp;
-        const uint16_t *b = panel3 + x3_terms[t][1] * part + kp * 2;
-        for (int p = 0; p < dp; p += 32) {
-            const uint16_t *bp = b + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
-            _tile_loadd(4, a + p, astride);
-            _tile_loadd(6, bp, bstride);
+        const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
+        const uint16_t *a1 = a0 + (ptrdiff_t)astrips * TILE;
+        const uint16_t *b0 = b + x3_terms[t][1] * bpart + (ptrdiff_t)g * bgroups * TILE;
+        const uint16_t *b1 = b0 + (ptrdiff_t)bgroups * TILE;
+        for (int p = 0; p < nk; p++) {
+            _tile_loadd(4, a0 + p * TILE, 64);
+            _tile_loadd(6, b0 + p * TILE, 64);
             _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, bp + 32, bstride);
+            _tile_loadd(7, b1 + p * TILE, 64);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a + 16 * dp + p, astride);
+            _tile_loadd(5, a1 + p * TILE, 64);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -427,113 +457,99 @@ amx_panel3_pair(int r0, int kp, int dp, const uint16_t *a3, const uint16_t *pane
     amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
 }
 
-/* S[64-row buffer][64] = Q K^T from rows3 (row stride dp) and panel3, over all dp dims (both
- * zero past the head dim). */
+/* One strip s, two column groups g, g + 1 (tiles 0, 1), the same sums. */
+static inline __attribute__((always_inline)) void
+amx_x3_strip(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
+             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
+             const int accumulate)
+{
+    const size_t cstride = (size_t)ldc * sizeof(float);
+    float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16;
+    if (accumulate) {
+        _tile_loadd(0, c0, cstride);
+        _tile_loadd(1, c0 + 16, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
+    for (int t = 0; t < 6; t++) {
+        const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
+        const uint16_t *b0 = b + x3_terms[t][1] * bpart + (ptrdiff_t)g * bgroups * TILE;
+        const uint16_t *b1 = b0 + (ptrdiff_t)bgroups * TILE;
+        for (int p = 0; p < nk; p++) {
+            _tile_loadd(4, a0 + p * TILE, 64);
+            _tile_loadd(6, b0 + p * TILE, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + p * TILE, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+    _tile_stored(0, c0, cstride);
+    _tile_stored(1, c0 + 16, cstride);
+}
+
+/* S[64-row buffer][64] = Q K^T from rows3 and panel3, over all dp dims (both zero past the
+ * head dim): strips in pairs, a last odd one alone. */
 static void amx_gemm_panel3(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c)
 {
     amx_configure();
-    const size_t bstride = FLASHC_CPU_BLOCK_N * 2 * sizeof(uint16_t);
-    const size_t cstride = FLASHC_CPU_BLOCK_N * sizeof(float);
-    const size_t astride = (size_t)dp * sizeof(uint16_t);
     const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
-    int r0 = 0;
-    for (; r0 + 16 < m; r0 += 32) {
-        amx_panel3_pair(r0, 0, dp, a3, panel3, c);
-        amx_panel3_pair(r0, 32, dp, a3, panel3, c);
+    const int nk = dp / 32, strips = (m + 15) / 16;
+    int s = 0;
+    for (; s + 1 < strips; s += 2)
+        for (int g = 0; g < 4; g += 2)
+            amx_x3_block(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+    if (s < strips)
+        for (int g = 0; g < 4; g += 2)
+            amx_x3_strip(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+}
+
+/* P's parts: p3 (tile order, see above) from P[m][0:n] (row stride 64), zero at rows m up
+ * to the strip's end and columns n up to the next 32. */
+static void amx_split3_p(uint16_t *p3, const float *p, int m, int n)
+{
+    const int strips = (m + 15) / 16, nk = (n + 31) / 32;
+    const ptrdiff_t ppart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    __mmask16 keep[4];
+    for (int v = 0; v < 4; v++) {
+        const int left = n - 16 * v;
+        keep[v] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
     }
-    for (; r0 < m; r0 += 16) {
-        float *cr = c + r0 * FLASHC_CPU_BLOCK_N;
-        amx_c_load(cr, cr + 16, cr + 32, cr + 48, cstride, 0);
-        for (int t = 0; t < 6; t++) {
-            const uint16_t *a = a3 + x3_terms[t][0] * part + (ptrdiff_t)r0 * dp;
-            const uint16_t *b = panel3 + x3_terms[t][1] * part;
-            for (int p = 0; p < dp; p += 32) {
-                const uint16_t *bp = b + (ptrdiff_t)p * FLASHC_CPU_BLOCK_N;
-                _tile_loadd(4, a + p, astride);
-                _tile_loadd(5, bp + 0 * 32, bstride);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, bp + 1 * 32, bstride);
-                _tile_dpbf16ps(1, 4, 6);
-                _tile_loadd(5, bp + 2 * 32, bstride);
-                _tile_dpbf16ps(2, 4, 5);
-                _tile_loadd(6, bp + 3 * 32, bstride);
-                _tile_dpbf16ps(3, 4, 6);
-            }
+    for (int r = 0; r < strips * 16; r++) {
+        const float *pr = p + r * FLASHC_CPU_BLOCK_N;
+        const int live = r < m;
+        for (int v = 0; v < nk * 2; v++) {
+            __m256i h0, h1, h2;
+            split3_fast(_mm512_maskz_load_ps(live ? keep[v] : 0, pr + 16 * v), &h0, &h1, &h2);
+            store3(p3 + ((r / 16) * 2 + v / 2) * TILE + (r % 16) * 32 + (v % 2) * 16, ppart, h0,
+                   h1, h2);
         }
-        amx_c_store(cr, cr + 16, cr + 32, cr + 48, cstride);
     }
 }
 
-/* P split for gemm_acc3, per thread: [3][64][64] bf16. */
+/* P's parts for gemm_acc3, per thread. */
 static __thread uint16_t p3_buf[3 * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N]
     __attribute__((aligned(64)));
 
 /* O[64-row buffer][dp] += P[m][0:n] V: P (float, row stride 64) split here, rows m up to the
- * strip's end and columns n up to 64 as zero; V from vpair3 (zero past the block's keys). */
+ * strip's end and columns n up to the next 32 as zero; V from vpair3 (zero past the block's
+ * keys). */
 static void amx_gemm_acc3(int m, int n, int dp, const float *p, const uint16_t *vpair3,
                           float *c)
 {
     amx_configure();
-    const int rows = (m + 15) & ~15, nk = (n + 31) & ~31;
+    const int strips = (m + 15) / 16, nk = (n + 31) / 32;
     const ptrdiff_t ppart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    amx_split3_p(p3_buf, p, m, n);
     const ptrdiff_t vpart = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
-    for (int r = 0; r < rows; r++)
-        for (int k = 0; k < nk; k += 16) {
-            const __mmask16 keep = r < m ? (__mmask16)(n - k >= 16 ? 0xffff : n > k ? (1u << (n - k)) - 1 : 0) : 0;
-            __m256i h0, h1, h2;
-            split3_fast(_mm512_maskz_load_ps(keep, p + r * FLASHC_CPU_BLOCK_N + k), &h0, &h1, &h2);
-            uint16_t *o = p3_buf + r * FLASHC_CPU_BLOCK_N + k;
-            _mm256_store_si256((__m256i *)o, h0);
-            _mm256_store_si256((__m256i *)(o + ppart), h1);
-            _mm256_store_si256((__m256i *)(o + 2 * ppart), h2);
-        }
-    const size_t astride = FLASHC_CPU_BLOCK_N * sizeof(uint16_t);
-    const size_t bstride = (size_t)dp * 2 * sizeof(uint16_t);
-    const size_t cstride = (size_t)dp * sizeof(float);
-    int r0 = 0;
-    for (; r0 + 16 < m; r0 += 32) {
-        float *cr = c + (ptrdiff_t)r0 * dp, *cr16 = cr + 16 * (ptrdiff_t)dp;
-        for (int c0 = 0; c0 < dp; c0 += 32) {
-            amx_c_load(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride, 1);
-            for (int t = 0; t < 6; t++) {
-                const uint16_t *a = p3_buf + x3_terms[t][0] * ppart + r0 * FLASHC_CPU_BLOCK_N;
-                const uint16_t *b = vpair3 + x3_terms[t][1] * vpart + c0 * 2;
-                for (int kb = 0; kb < nk; kb += 32) {
-                    const uint16_t *bp = b + (ptrdiff_t)(kb / 2) * dp * 2;
-                    _tile_loadd(4, a + kb, astride);
-                    _tile_loadd(6, bp, bstride);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_loadd(7, bp + 32, bstride);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_loadd(5, a + 16 * FLASHC_CPU_BLOCK_N + kb, astride);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            }
-            amx_c_store(cr + c0, cr + c0 + 16, cr16 + c0, cr16 + c0 + 16, cstride);
-        }
-    }
-    if (r0 < m) { /* a last odd strip: two C tiles of 16 columns at a time */
-        float *cr = c + (ptrdiff_t)r0 * dp;
-        for (int c0 = 0; c0 < dp; c0 += 32) {
-            _tile_loadd(0, cr + c0, cstride);
-            _tile_loadd(1, cr + c0 + 16, cstride);
-            for (int t = 0; t < 6; t++) {
-                const uint16_t *a = p3_buf + x3_terms[t][0] * ppart + r0 * FLASHC_CPU_BLOCK_N;
-                const uint16_t *b = vpair3 + x3_terms[t][1] * vpart + c0 * 2;
-                for (int kb = 0; kb < nk; kb += 32) {
-                    const uint16_t *bp = b + (ptrdiff_t)(kb / 2) * dp * 2;
-                    _tile_loadd(4, a + kb, astride);
-                    _tile_loadd(5, bp, bstride);
-                    _tile_dpbf16ps(0, 4, 5);
-                    _tile_loadd(6, bp + 32, bstride);
-                    _tile_dpbf16ps(1, 4, 6);
-                }
-            }
-            _tile_stored(0, cr + c0, cstride);
-            _tile_stored(1, cr + c0 + 16, cstride);
-        }
-    }
+    const int groups = dp / 16;
+    int s = 0;
+    for (; s + 1 < strips; s += 2)
+        for (int g = 0; g < groups; g += 2)
+            amx_x3_block(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
+    if (s < strips)
+        for (int g = 0; g < groups; g += 2)
+            amx_x3_strip(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
 }
 
 /* The rest is the AVX-512 set's, called through its table. */
