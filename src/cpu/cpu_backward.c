@@ -6,7 +6,9 @@
  * and dO operands, with delta. Then, for a query block i and key block j:
  *     P = exp(scale S - LSE), dS = P (dP - delta),  delta = rowsum(dO * O)
  *     dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
- * and dK, dQ are multiplied by scale at the end. Masked entries have P = dS = 0 whatever
+ * and dK, dQ are multiplied by scale at the end. Where the forward takes the split float32
+ * products (kernels.h), S takes the same kernel on the same parts, so that P matches the
+ * forward's LSE; the other products stay float32 (backward_job.use3 says why). Masked entries have P = dS = 0 whatever
  * dP holds, and a key block whose K holds a NaN or inf takes dS K through the product that
  * skips zero entries (cpu_nonfinite.c), so keys a row cannot see never reach its gradients.
  *

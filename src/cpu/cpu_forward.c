@@ -3,8 +3,9 @@
  *
  * Pass 1 packs K and V once per (batch, kv head) and key block into the micro-kernels'
  * layouts (K^T panels, V rows; for bf16 on a set with a bf16 dot product, the pair-interleaved
- * bf16 layouts), so every query block of every query head of the group reuses them instead of
- * converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
+ * bf16 layouts; for float32 on a set with split products, the three bf16 parts of each
+ * value, kernels.h), so every query block of every query head of the group reuses them
+ * instead of converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
  * P V skips the masked entries (cpu_nonfinite.c), so a hidden key never leaks into a row.
  *
  * Pass 2: one task is a block of BLOCK_M queries of one (batch, head), or two of them where a
@@ -14,7 +15,10 @@
  * hides a key); O += P V. On the bf16 path one softmax step takes up to STEP_BLOCKS key
  * blocks (the max, the rescale and O's tile loads once per step) and rounds P to bf16 as it
  * makes it (softmax16); blocks with features, dropout or a non-finite V go one at a time
- * through the float P. At the end O /= l and LSE = m + log(l). Key blocks past a query
+ * through the float P. On the split float32 path S and P V take the split products, except
+ * that S of a block pair whose Q or K holds a NaN or inf takes the float32 kernel (the part
+ * products would turn inf * 0 into NaN where float32 gives inf). At the end O /= l and
+ * LSE = m + log(l). Key blocks past a query
  * block's last visible key are never visited. Tasks are numbered head by head (the blocks of
  * one head share its packed K/V while it is in cache) and, within a head, longest first, so
  * under a causal mask the pool's dynamic scheduling is left with short blocks to balance the

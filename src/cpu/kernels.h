@@ -118,11 +118,13 @@ typedef struct flashc_cpu_kernels {
     /* float32 forward on bf16 tiles, NULL where the set has none: each float32 operand is
      * split into three bf16 parts, x = x0 + x1 + x2, and a product is taken as the six
      * largest part products, accumulated in float32 (the error bound is stated where the set
-     * defines them). Part i of a split buffer lies i * 64 * dp elements after part 0; each
-     * part has a bf16 layout of the header comment:
-     *   rows3   [3][64][dp]        Q rows (rows16 per part)
-     *   panel3  [3][dp/2][64][2]   K^T (panel16 per part)
-     *   vpair3  [3][32][dp][2]     V (vpair16 per part)
+     * defines them). A split buffer holds three parts of 64 * dp bf16 elements each, part i
+     * at i * 64 * dp; the order of the elements within a part is the set's own (the tile
+     * order its products load fastest), written only by its split3_* and read only by its
+     * products:
+     *   rows3   Q rows of a query block, [m][dp] (up to 64 rows)
+     *   panel3  K^T of a key block, [dp][64]
+     *   vpair3  V of a key block, [64][dp]
      *   split3_rows:  rows3 from float rows src[m][dp] (rows m..64 left as they are).
      *   split3_panel: panel3 from a float panel [dp][64]; returns 1 if it holds a NaN or
      *                 inf (0 otherwise), so that packing needs no second pass over K.

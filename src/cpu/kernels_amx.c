@@ -1,13 +1,18 @@
 /*
- * kernels_amx.c - AMX-BF16 micro-kernels for bf16 attention (built with -mamx-tile
- * -mamx-bf16 and the AVX-512 flags for this file only). The two products of the forward run
- * on tiles: S = Q K^T as 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32
- * dims of Q, B = 16 dim pairs x 16 keys of the packed K^T; O += P V the same way over 32
- * keys at a time. The backward's five products use the same two kernels (S, dP, and dV^T,
- * dK^T with an accumulating C; dQ += dS K as O += P V). Everything else (float32 and fp16
- * inputs, the softmax, the pairing and rounding of P and dS) is the AVX-512 set's:
- * AMX-BF16 multiplies bf16 only, and rounding fp16 or fp32 inputs to bf16
- * would break their accuracy bounds.
+ * kernels_amx.c - AMX-BF16 micro-kernels (built with -mamx-tile -mamx-bf16 and the AVX-512
+ * flags for this file only). The two products of the bf16 forward run on tiles: S = Q K^T as
+ * 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32 dims of Q, B = 16 dim pairs
+ * x 16 keys of the packed K^T; O += P V the same way over 32 keys at a time. The bf16
+ * backward's five products use the same two kernels (S, dP, and dV^T, dK^T with an
+ * accumulating C; dQ += dS K as O += P V).
+ *
+ * Float32 inputs: the forward's two products (and the backward's S, so that it matches the
+ * forward's) run on the same tiles with each float32 operand split into three bf16 parts and
+ * six part products summed in float32, which keeps float32 accuracy (the bound is derived
+ * where the split is defined) at 6 tile products per float32 one: the tiles do 16 times the
+ * multiply-adds of AVX-512 FMAs a cycle. Everything else (fp16 inputs, the softmax, the
+ * backward's other float32 products, the pairing and rounding of P and dS) is the AVX-512
+ * set's: rounding fp16 or fp32 inputs to a single bf16 would break their accuracy bounds.
  *
  * Linux hands out the tile data state only on request: supported() asks once with
  * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and reports 0 if it is refused. Each
@@ -287,10 +292,15 @@ static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint
  * float32, so a dot product of k terms has the float32 FMA loop's error (k roundings of the
  * running sum, at most 2^-24 relative each) plus at most 2^-23 sum |a_i b_i| from the dropped
  * terms, whose signs vary with the rounding of each part. The small terms go first, so the
- * roundings of their sums are relative to small partial sums. Parts below float32's normal
- * range are read as zero by the tiles; they arise only where |x| < 2^-110 and change a
- * product by less than 2^-126 |b|, below float32's resolution of any sum they enter except
- * sums of such tiny terms.
+ * roundings of their sums are relative to small partial sums. Measured on 64 x 64 blocks of
+ * random operands spanning e^+-3 (S, head dims 64-256) the worst error is 3.3-4.2 times
+ * 2^-24 sum |a_i b_i|, against 9.6-11.2 for the AVX-512 FMA kernels (P V: 1.8-1.9 against
+ * 5.5-6.0): the tiles' float32 accumulation rounds no more often than the FMA loop.
+ * Subnormal values and parts are read as zero (the conversion and the tiles flush them): a
+ * part is subnormal only where |x| < 2^-110, and then the product a b loses at most
+ * 2^-118 |b| in absolute terms (2^-126 |b| for a subnormal a itself), far below the
+ * rounding of any score or output those terms enter, unless every term is that small (and
+ * such a score is near zero either way).
  *
  * Layout: the parts are stored tile by tile, each 16 x 32 bf16 tile (1 KiB) contiguous, so
  * that every tile load reads 16 consecutive cache lines. Rows of Q laid out as rows16 (a tile
