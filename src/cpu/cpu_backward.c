@@ -6,7 +6,9 @@
  * and dO operands, with delta. Then, for a query block i and key block j:
  *     P = exp(scale S - LSE), dS = P (dP - delta),  delta = rowsum(dO * O)
  *     dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
- * and dK, dQ are multiplied by scale at the end. Masked entries have P = dS = 0 whatever
+ * and dK, dQ are multiplied by scale at the end. Where the forward takes the split float32
+ * products (kernels.h), S takes the same kernel on the same parts, so that P matches the
+ * forward's LSE; the other products stay float32 (backward_job.use3 says why). Masked entries have P = dS = 0 whatever
  * dP holds, and a key block whose K holds a NaN or inf takes dS K through the product that
  * skips zero entries (cpu_nonfinite.c), so keys a row cannot see never reach its gradients.
  *
@@ -42,6 +44,18 @@ typedef struct backward_job {
     flashc_tensor *dq, *dk, *dv;
     int dp;
     int use16; /* bf16 products (kernels.h's bf16 backward path) */
+    /* float32 inputs where the forward takes the split products (kernels.h): S = Q K^T
+     * through gemm_panel3 as well, from K^T split once here (kt3) and Q per query block. S is
+     * then the forward's S to the bit (same parts, same kernel; the scale is applied after,
+     * exactly where it is a power of two), so P = exp(scale S - LSE) stays consistent with
+     * the forward's LSE: where scores are large (a scale of 1 on inputs of standard deviation
+     * 2), float32 FMA S against the split forward's LSE doubled the gradients' error. dP =
+     * dO V^T keeps the FMA kernel: dS = P (dP - delta) cancels, and the split product's
+     * slightly larger error per term (dropped terms) raised dQ's error at head dim 256 past
+     * the float32 tolerance. The other products stay float32 too. */
+    int use3;
+    void *kt3;
+    uint8_t *qbad; /* use3: per query slot, 1 if its Q holds a NaN or inf */
     float *delta; /* three passes: laid out like the LSE, [batch, heads_q, seqlen_q] */
     /* packed; per sequence b: [heads_kv][key blocks of b][dp * BLOCK_N] elements: K^T, V^T
      * panels and K rows as float32, or (use16) K^T, V^T in panel16 and K in vpair16 */
@@ -56,6 +70,14 @@ typedef struct backward_job {
     cpu_scratch scratch;
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
 } backward_job;
+
+/* Block kblock of (b, hk) in the split panel kt3: 64 x dp elements of three parts. */
+static uint16_t *packed3(const backward_job *job, void *base, int64_t b, int64_t hk,
+                         int64_t kblock)
+{
+    return (uint16_t *)base + flashc_cpu_packed_index(&job->kb, job->pr->heads_kv, b, hk, kblock) *
+                                  (size_t)job->dp * FLASHC_CPU_BLOCK_N * 3;
+}
 
 static void *packed(const backward_job *job, void *base, int64_t b, int64_t hk,
                     int64_t kblock)
@@ -91,6 +113,9 @@ static void pack_task(void *ctx, int64_t task, int thread)
                           hk);
     flashc_cpu_pack_rows(packed(job, job->kr, b, hk, kblock), job->dp, job->k, sq.batch, s0, n,
                          hk, 1.0f);
+    if (job->use3)
+        job->kern->split3_panel(packed3(job, job->kt3, b, hk, kblock),
+                                packed(job, job->kt, b, hk, kblock), job->dp);
 }
 
 /* dst[dp][64] = rows [s0, s0 + m) of a bf16 tensor transposed, element (row r, dim c) at
@@ -151,6 +176,9 @@ typedef struct bwd_scratch {
     int *ncols, *cbeg;
     /* use16: Q, dO as bf16 rows and transposed; P, dS in query pairs; dS as bf16 rows */
     uint16_t *q16, *do16, *qt16, *dot16, *pp16, *dsp16, *ds16;
+    /* use3: Q split (rows3) and whether it holds a NaN or inf */
+    uint16_t *q3;
+    uint8_t *qbad;
 } bwd_scratch;
 
 /* One (sequence, query head) that a query block belongs to. */
@@ -183,11 +211,16 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
     const int n = flashc_cpu_block_len(hd->sq.nk, j0, FLASHC_CPU_BLOCK_N);
     float *s = w->s, *dpb = w->dpb;
     const int left = flashc_cpu_block_cols(pr, &hd->sq, w->cbeg, w->ncols, i0, m, j0, n);
+    const size_t at = flashc_cpu_packed_index(&job->kb, pr->heads_kv, hd->b, hd->hk, kblock);
     if (job->use16) {
         kern->gemm_panel16(m, dp, w->q16, dp, packed(job, job->kt, hd->b, hd->hk, kblock), s);
         kern->gemm_panel16(m, dp, w->do16, dp, packed(job, job->vt, hd->b, hd->hk, kblock),
                            dpb);
-    } else {
+    } else if (job->use3 && !*w->qbad && !job->kbad[at]) {
+        kern->gemm_panel3(m, dp, w->q3, packed3(job, job->kt3, hd->b, hd->hk, kblock), s);
+        kern->gemm_panel(m, d, w->dout, dp, packed(job, job->vt, hd->b, hd->hk, kblock), dpb);
+    } else { /* float32 products; on the split path for the blocks whose Q or K holds a NaN
+              * or inf, as in the forward, whose S these then match */
         kern->gemm_panel(m, d, w->q, dp, packed(job, job->kt, hd->b, hd->hk, kblock), s);
         kern->gemm_panel(m, d, w->dout, dp, packed(job, job->vt, hd->b, hd->hk, kblock), dpb);
     }
@@ -209,8 +242,7 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         flashc_cpu_mul_block(s, w->drop, m, n);
     /* a NaN or inf in K: dS K without the 0 * NaN of the keys a row does not see (dS is 0
      * there); dK and dV take Q and dO, which hidden keys do not touch */
-    const int kbad =
-        dq && job->kbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, hd->b, hd->hk, kblock)];
+    const int kbad = dq && job->kbad[at];
     if (kbad)
         flashc_cpu_acc_block_sparse(m, n, dp, dpb, job->k, hd->sq.batch, hd->sq.k0 + j0, hd->hk,
                                     dq);
@@ -350,6 +382,13 @@ static bwd_qblock qblock_of(const backward_job *job, int64_t task)
     return q;
 }
 
+/* Bytes per element of a query slot: Q and dO rows as float32 (8), and on the split path
+ * Q's three bf16 parts as well (6 more). */
+static size_t qslot_elem_bytes(const backward_job *job)
+{
+    return job->use3 ? 14 : 8;
+}
+
 /* Points w's query operands at the packed ones of query block qblock of head h of sequence b
  * (row s0 of its batch row tb), and its delta at the rows' delta. */
 static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, int64_t h,
@@ -357,7 +396,12 @@ static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, in
 {
     const size_t elems = (size_t)FLASHC_CPU_BLOCK_M * job->dp;
     const int64_t u = flashc_cpu_blocks_start(&job->qb, b) + qblock;
-    char *slot = (char *)job->qpack + (size_t)(u * job->pr->heads_q + h) * elems * 8;
+    const size_t index = (size_t)(u * job->pr->heads_q + h);
+    char *slot = (char *)job->qpack + index * elems * qslot_elem_bytes(job);
+    if (job->use3) { /* after the float rows: Q's parts */
+        w->q3 = (uint16_t *)(slot + elems * 8);
+        w->qbad = job->qbad + index;
+    }
     if (job->use16) {
         w->q16 = (uint16_t *)slot;
         w->do16 = w->q16 + elems;
@@ -391,6 +435,13 @@ static void query_pack_task(void *ctx, int64_t task, int thread)
         flashc_cpu_pack_rows(w.q, dp, job->q, qb.sq.batch, qb.s0, qb.m, qb.h, 1.0f);
         flashc_cpu_pack_rows(w.dout, dp, job->dout, qb.sq.batch, qb.s0, qb.m, qb.h, 1.0f);
         dout32 = w.dout;
+        if (job->use3) {
+            job->kern->split3_rows(w.q3, w.q, qb.m, dp);
+            int bad = 0;
+            for (int r = 0; r < qb.m && !bad; r++)
+                bad = flashc_cpu_row_nonfinite(w.q + (ptrdiff_t)r * dp, FLASHC_F32, dp);
+            *w.qbad = (uint8_t)bad;
+        }
     }
     compute_delta(job, qb.sq.batch, qb.h, qb.s0, qb.m, w.o, dout32, w.delta);
 }
@@ -694,6 +745,8 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     job.use16 = pr->dtype == FLASHC_BF16 && pr->head_dim >= 32 && kern->gemm_panel16 && kern->gemm_acc16 &&
                 kern->round_p16 && kern->gemm_panel16_acc && kern->pair_p16 &&
                 kern->bf16_supported && kern->bf16_supported();
+    job.use3 = pr->dtype == FLASHC_F32 && flashc_cpu_split_f32_enabled() && kern->gemm_panel3 &&
+               kern->x3_supported && kern->x3_supported();
     const int threads = flashc_threadpool_size(st->pool);
     job.chunks = call_chunks(pr, job.dp);
     const int one_pass = use_one_pass(pr, job.chunks, threads);
@@ -713,7 +766,7 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
         pr->workspace ? 0 : flashc_cpu_line_bytes(flashc_cpu_backward_workspace_size(state, pr));
     /* one query block's slot: 64 rows of dp, 8 bytes per element (see point_queries) */
     const size_t qslots = (size_t)(flashc_cpu_total_blocks(pr, 0) * pr->heads_q);
-    const size_t qslot_bytes = (size_t)FLASHC_CPU_BLOCK_M * (size_t)job.dp * 8;
+    const size_t qslot_bytes = (size_t)FLASHC_CPU_BLOCK_M * (size_t)job.dp * qslot_elem_bytes(&job);
     const size_t qpack_bytes = flashc_cpu_line_bytes(qslots * qslot_bytes);
     const size_t table_bytes =
         varlen ? flashc_cpu_line_bytes(2 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
@@ -730,11 +783,15 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                  : FLASHC_CPU_BLOCK_N;
     const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
     const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
+    /* use3: split K^T and the query slots' flags */
+    const size_t pack3_bytes =
+        job.use3 ? flashc_cpu_line_bytes(pack_bytes / sizeof(float) * 6) : 0;
+    const size_t use3_bytes = job.use3 ? pack3_bytes + flashc_cpu_line_bytes(qslots) : 0;
     cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
         st,
         3 * pack_bytes + delta_bytes + table_bytes + bad_bytes + part_bytes + qpack_bytes +
-            (size_t)threads * scratch_floats * sizeof(float),
+            (size_t)threads * scratch_floats * sizeof(float) + use3_bytes,
         &ws);
     if (status != FLASHC_OK)
         return status;
@@ -752,6 +809,11 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
     job.qpack = after_bad + part_bytes;
     job.scratch.base = (float *)(after_bad + part_bytes + qpack_bytes);
     job.scratch.floats_per_thread = scratch_floats;
+    if (job.use3) {
+        char *p = (char *)job.scratch.base + (size_t)threads * scratch_floats * sizeof(float);
+        job.kt3 = p;
+        job.qbad = (uint8_t *)(p + pack3_bytes);
+    }
 
     const int64_t qtasks = job.qb.total * pr->heads_q, ktasks = job.kb.total * pr->heads_kv;
     flashc_threadpool_run(st->pool, ktasks, pack_task, &job);

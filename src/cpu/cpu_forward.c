@@ -3,8 +3,9 @@
  *
  * Pass 1 packs K and V once per (batch, kv head) and key block into the micro-kernels'
  * layouts (K^T panels, V rows; for bf16 on a set with a bf16 dot product, the pair-interleaved
- * bf16 layouts), so every query block of every query head of the group reuses them instead of
- * converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
+ * bf16 layouts; for float32 on a set with split products, the three bf16 parts of each
+ * value, kernels.h), so every query block of every query head of the group reuses them
+ * instead of converting or transposing again. It also notes the blocks whose V holds a NaN or inf: their
  * P V skips the masked entries (cpu_nonfinite.c), so a hidden key never leaks into a row.
  *
  * Pass 2: one task is a block of BLOCK_M queries of one (batch, head), or two of them where a
@@ -14,7 +15,10 @@
  * hides a key); O += P V. On the bf16 path one softmax step takes up to STEP_BLOCKS key
  * blocks (the max, the rescale and O's tile loads once per step) and rounds P to bf16 as it
  * makes it (softmax16); blocks with features, dropout or a non-finite V go one at a time
- * through the float P. At the end O /= l and LSE = m + log(l). Key blocks past a query
+ * through the float P. On the split float32 path S and P V take the split products, except
+ * that S of a block pair whose Q or K holds a NaN or inf takes the float32 kernel (the part
+ * products would turn inf * 0 into NaN where float32 gives inf). At the end O /= l and
+ * LSE = m + log(l). Key blocks past a query
  * block's last visible key are never visited. Tasks are numbered head by head (the blocks of
  * one head share its packed K/V while it is in cache) and, within a head, longest first, so
  * under a causal mask the pool's dynamic scheduling is left with short blocks to balance the
@@ -33,10 +37,12 @@ typedef struct forward_job {
     flashc_tensor *out, *lse;
     int dp;
     int use16; /* bf16 operands through gemm_panel16 / gemm_acc16 */
+    int use3;  /* float32 split into three bf16 parts, through gemm_panel3 / gemm_acc3 */
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
     size_t block_elems; /* elements of one packed key block: dp * BLOCK_N */
     void *kpack, *vpack; /* per sequence b: [heads_kv][key blocks of b][block_elems] */
     uint64_t *vbad;      /* per packed block: its V rows that hold a NaN or inf */
+    uint64_t *kbad;      /* split path: per packed block, 1 if its K holds a NaN or inf */
     int group;           /* query blocks per task (fixed length; 1 for varlen) */
     int64_t tasks_per_head;
     cpu_scratch scratch;
@@ -47,22 +53,24 @@ typedef struct forward_job {
 typedef struct fwd_block {
     int64_t b, h, hk, i0, jb0, jb1, key_end;
     int m;
+    int qbad; /* split path: Q holds a NaN or inf, so S takes the float32 kernel */
     flashc_seq sq;
     cpu_score_mods md;
     float *qbuf, *acc, *row_max, *row_sum;
+    uint16_t *q3; /* split path: Q's three bf16 parts (rows3) */
 } fwd_block;
 
 /* The thread's scratch that a block uses only within one step: S (or P), the dropout
  * factors, P16 and the rows' visible columns. */
 typedef struct fwd_step_bufs {
-    float *s, *drop;
+    float *s, *drop, *kf; /* kf: a float K^T panel, for S of a non-finite block pair */
     uint16_t *p16;
     int *ncols, *cbeg;
 } fwd_step_bufs;
 
 static size_t elem_size(const forward_job *job)
 {
-    return job->use16 ? sizeof(uint16_t) : sizeof(float);
+    return job->use3 ? 3 * sizeof(uint16_t) : job->use16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 /* Key block kblock of kv head hk of sequence b. For a fixed-length batch this is
@@ -89,7 +97,16 @@ static void pack_task(void *ctx, int64_t task, int thread)
     void *vp = packed_block(job, job->vpack, b, hk, kblock);
     job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] =
         flashc_cpu_nonfinite_rows(job->v, sq.batch, sq.k0 + j0, n, hk);
-    if (job->use16) {
+    if (job->use3) { /* through float buffers in the thread's scratch, then split */
+        float *tmp = flashc_cpu_scratch_for(&job->scratch, thread);
+        flashc_cpu_pack_panel(tmp, job->dp, job->k, sq.batch, sq.k0 + j0, n, hk);
+        job->kbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock)] =
+            (uint64_t)job->kern->split3_panel(kp, tmp, job->dp);
+        flashc_cpu_pack_rows(tmp, job->dp, job->v, sq.batch, sq.k0 + j0, n, hk, 1.0f);
+        memset(tmp + (size_t)n * job->dp, 0,
+               (size_t)(FLASHC_CPU_BLOCK_N - n) * job->dp * sizeof(float));
+        job->kern->split3_vpair(vp, tmp, job->dp);
+    } else if (job->use16) {
         flashc_cpu_pack_panel16(kp, job->dp, job->k, sq.batch, sq.k0 + j0, n, hk);
         flashc_cpu_pack_vpair16(vp, job->dp, job->v, sq.batch, sq.k0 + j0, n, hk);
     } else {
@@ -108,24 +125,28 @@ enum { STEP_BLOCKS = 4 };
 /* Query blocks per task, at most (see forward_task). */
 enum { MAX_GROUP = 2 };
 
-/* Per-thread scratch, in floats: one step's buffers, then each block's own. */
-static size_t step_scratch_floats(void)
+/* Per-thread scratch, in floats: one step's buffers, then each block's own. The S / P
+ * buffers come first: packing on the split path uses them for its float rows (up to
+ * 64 x 256 floats, which they hold). */
+static size_t step_scratch_floats(int dp)
 {
     return flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) * STEP_BLOCKS + /* S / P */
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N) +               /* dropout */
            flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) * STEP_BLOCKS + /* P16 */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2; /* ncols, cbeg */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2 + /* ncols, cbeg */
+           flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_N * dp); /* kf */
 }
 
 static size_t block_scratch_floats(int dp)
 {
     return flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp) * 2 + /* Q (or Q16), O */
-           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2;               /* max, sum */
+           flashc_cpu_lines(FLASHC_CPU_BLOCK_M) * 2 +              /* max, sum */
+           flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp * 3 / 2); /* Q's parts */
 }
 
 static size_t forward_scratch_floats(int dp, int group)
 {
-    return step_scratch_floats() + block_scratch_floats(dp) * (size_t)group;
+    return step_scratch_floats(dp) + block_scratch_floats(dp) * (size_t)group;
 }
 
 static fwd_step_bufs step_bufs_of(float *scratch)
@@ -137,6 +158,7 @@ static fwd_step_bufs step_bufs_of(float *scratch)
     w.ncols = (int *)((float *)w.p16 +
                       flashc_cpu_lines(FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N / 2) * STEP_BLOCKS);
     w.cbeg = w.ncols + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
+    w.kf = (float *)w.cbeg + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
     return w;
 }
 
@@ -163,6 +185,21 @@ static void prefetch_out_rows(const forward_job *job, const flashc_seq *sq, int6
     const int r0 = (int)(m * done / steps), r1 = (int)(m * upto / steps);
     for (int r = r0; r < r1; r++)
         flashc_cpu_prefetch_row(job->out, sq->batch, sq->q0 + i0 + r, h, 1);
+}
+
+/* The split path's packed K and V of a key block are 1.5 times the float32 ones and the
+ * tiles go through them 2.5 times as fast as the FMA kernels: at head dim 128 a block is
+ * 96 KiB, a head's 3 MiB at 2k keys, and the products waited on L3 for each block. The
+ * next block's are asked into L2 while this one runs. */
+static void prefetch_next_block(const forward_job *job, const fwd_block *blk, int64_t kblock)
+{
+    const size_t bytes = job->block_elems * elem_size(job);
+    const char *kp = packed_block(job, job->kpack, blk->b, blk->hk, kblock);
+    const char *vp = packed_block(job, job->vpack, blk->b, blk->hk, kblock);
+    for (size_t at = 0; at < bytes; at += 64) {
+        __builtin_prefetch(kp + at, 0, 2);
+        __builtin_prefetch(vp + at, 0, 2);
+    }
 }
 
 /* Rows [i0, i0 + m) of O of head h, row r scaled by inv[r]: bf16 outputs through the set's
@@ -204,6 +241,7 @@ static void block_begin(const forward_job *job, fwd_block *blk, int64_t b, int64
     blk->acc = blk->qbuf + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
     blk->row_max = blk->acc + flashc_cpu_lines((size_t)FLASHC_CPU_BLOCK_M * dp);
     blk->row_sum = blk->row_max + flashc_cpu_lines(FLASHC_CPU_BLOCK_M);
+    blk->q3 = (uint16_t *)(blk->row_sum + flashc_cpu_lines(FLASHC_CPU_BLOCK_M));
     /* the scale still to apply to S: Q is packed pre-scaled on the float32 path */
     blk->md = flashc_cpu_mods(pr, &blk->sq, b, h, job->use16 ? pr->scale : 1.0f);
     flashc_cpu_key_blocks(pr, &blk->sq, blk->i0, blk->m, &blk->jb0, &blk->jb1);
@@ -216,6 +254,12 @@ static void block_begin(const forward_job *job, fwd_block *blk, int64_t b, int64
     else
         flashc_cpu_pack_rows(blk->qbuf, dp, job->q, blk->sq.batch, blk->sq.q0 + blk->i0, blk->m,
                              h, pr->scale);
+    blk->qbad = 0;
+    if (job->use3) { /* the parts for the tiles; the float rows stay for non-finite blocks */
+        job->kern->split3_rows(blk->q3, blk->qbuf, blk->m, dp);
+        for (int r = 0; r < blk->m && !blk->qbad; r++)
+            blk->qbad = flashc_cpu_row_nonfinite(blk->qbuf + (ptrdiff_t)r * dp, FLASHC_F32, dp);
+    }
     /* all BLOCK_M rows: tile kernels that work on whole 16-row strips then see zeros */
     memset(blk->acc, 0, (size_t)FLASHC_CPU_BLOCK_M * (size_t)dp * sizeof(float));
     for (int r = 0; r < blk->m; r++) {
@@ -237,16 +281,25 @@ static void block_one_key_block(const forward_job *job, fwd_block *blk, const fw
     const void *vp = packed_block(job, job->vpack, blk->b, blk->hk, kblock);
     float *s = w->s;
     float sc = blk->md.scale;
-    if (job->use16)
+    const size_t at = flashc_cpu_packed_index(&job->kb, pr->heads_kv, blk->b, blk->hk, kblock);
+    if (job->use16) {
         kern->gemm_panel16(m, dp, (const uint16_t *)blk->qbuf, dp, kp, s);
-    else
+    } else if (job->use3 && !blk->qbad && !job->kbad[at]) {
+        kern->gemm_panel3(m, dp, blk->q3, kp, s);
+    } else if (job->use3) {
+        /* a NaN or inf in Q or K: float32 products, so that inf * 0 and inf - inf come out as
+         * float32's (part products would differ); K^T packed again from the input */
+        flashc_cpu_pack_panel(w->kf, dp, job->k, blk->sq.batch, blk->sq.k0 + j0,
+                              flashc_cpu_block_len(blk->sq.nk, j0, FLASHC_CPU_BLOCK_N), blk->hk);
+        kern->gemm_panel(m, (int)pr->head_dim, blk->qbuf, dp, w->kf, s);
+    } else {
         kern->gemm_panel(m, (int)pr->head_dim, blk->qbuf, dp, kp, s);
+    }
     if (flashc_cpu_has_mods(pr) || left) { /* feature blocks only: the plain path goes on */
         flashc_cpu_apply_mods(&blk->md, s, m, n, blk->i0, j0, w->cbeg, NULL);
         sc = 1.0f;
     }
-    const int bad =
-        job->vbad[flashc_cpu_packed_index(&job->kb, pr->heads_kv, blk->b, blk->hk, kblock)] != 0;
+    const int bad = job->vbad[at] != 0;
     if (job->use16 && kern->softmax16 && !dropout && !bad) { /* P rounded as it is made */
         kern->softmax16(s, m, n, w->ncols, sc, blk->row_max, blk->row_sum, blk->acc, dp, w->p16);
         kern->gemm_acc16(m, n, dp, w->p16, vp, blk->acc);
@@ -264,6 +317,8 @@ static void block_one_key_block(const forward_job *job, fwd_block *blk, const fw
     } else if (job->use16) {
         kern->round_p16(w->p16, s, m, n);
         kern->gemm_acc16(m, n, dp, w->p16, vp, blk->acc);
+    } else if (job->use3) {
+        kern->gemm_acc3(m, n, dp, s, vp, blk->acc);
     } else {
         kern->gemm_acc(m, n, dp, s, vp, blk->acc);
     }
@@ -295,6 +350,8 @@ static void block_keys(const forward_job *job, fwd_block *blk, const fwd_step_bu
         }
         prefetch_out_rows(job, &blk->sq, blk->i0, m, blk->h, kblock - blk->jb0,
                           kblock + nb - blk->jb0, blk->jb1 - blk->jb0);
+        if (job->use3 && kblock + 1 < blk->jb1) /* see prefetch_next_block */
+            prefetch_next_block(job, blk, kblock + 1);
         if (nb == 1) {
             block_one_key_block(job, blk, w, kblock, n, left);
             continue;
@@ -359,14 +416,14 @@ static void forward_task(void *ctx, int64_t task, int thread)
         const int64_t first = job->qb.per_seq - 1 - task % job->tasks_per_head * job->group;
         for (int g = 0; g < job->group && first - g >= 0; g++, nblk++)
             block_begin(job, &blks[g], bh / pr->heads_q, bh % pr->heads_q, first - g,
-                        scratch + step_scratch_floats() + block_scratch_floats(job->dp) * g);
+                        scratch + step_scratch_floats(job->dp) + block_scratch_floats(job->dp) * g);
     } else {
         const int64_t u = task / pr->heads_q;
         const int64_t b = flashc_cpu_blocks_seq(&job->qb, u);
         const int64_t qblock = flashc_cpu_blocks_count(&job->qb, b) - 1 -
                                (u - flashc_cpu_blocks_start(&job->qb, b));
         block_begin(job, &blks[0], b, task % pr->heads_q, qblock,
-                    scratch + step_scratch_floats());
+                    scratch + step_scratch_floats(job->dp));
         nblk = 1;
     }
     /* steps on a grid of STEP_BLOCKS from key block 0, the same for every block */
@@ -400,6 +457,8 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.dp = flashc_cpu_padded_dim(pr->head_dim);
     job.use16 = pr->dtype == FLASHC_BF16 && kern->gemm_panel16 && kern->bf16_supported &&
                 kern->bf16_supported();
+    job.use3 = pr->dtype == FLASHC_F32 && flashc_cpu_split_f32_enabled() && kern->gemm_panel3 &&
+               kern->x3_supported && kern->x3_supported();
     job.block_elems = (size_t)job.dp * FLASHC_CPU_BLOCK_N;
     const int64_t nseq = flashc_num_seqs(pr);
     const int varlen = (pr->features & FLASHC_FEATURE_VARLEN) != 0;
@@ -419,7 +478,7 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
         2 * (size_t)pr->seqlen_k * (size_t)job.dp * elem_size(&job);
     job.group = !varlen && head_kv_bytes >= ((size_t)2 << 20) ? MAX_GROUP : 1;
     const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp, job.group));
-    const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
+    const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8) * 2;
     flashc_status status = flashc_cpu_workspace_get(
         st,
         2 * pack_bytes + bad_bytes + table_bytes +
@@ -430,6 +489,7 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.kpack = ws.base;
     job.vpack = ws.base + pack_bytes;
     job.vbad = (uint64_t *)(ws.base + 2 * pack_bytes);
+    job.kbad = (uint64_t *)(ws.base + 2 * pack_bytes + bad_bytes / 2);
     int64_t *tables = (int64_t *)(ws.base + 2 * pack_bytes + bad_bytes);
     flashc_cpu_blocks_init(&job.qb, pr, 0, tables);
     flashc_cpu_blocks_init(&job.kb, pr, 1, tables + nseq + 1);

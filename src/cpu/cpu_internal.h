@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend.h"
 #include "cpu/kernels.h"
@@ -297,6 +298,17 @@ void flashc_cpu_pack_vpair16(uint16_t *dst, int dp, const flashc_tensor *t, int6
  * dtype. */
 void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b, int64_t s0,
                            int n, int64_t h, float scale);
+
+/* ---- float32 on bf16 tiles ---- */
+
+/* Whether the forward may take a set's split float32 path (gemm_panel3 / gemm_acc3) for
+ * float32 inputs: yes unless FLASHC_CPU_F32_SPLIT is "0", which keeps the float32 FMA kernels
+ * (to compare the two, or to have the FMA kernels' exact rounding sequence). */
+static inline int flashc_cpu_split_f32_enabled(void)
+{
+    const char *env = getenv("FLASHC_CPU_F32_SPLIT");
+    return !(env && env[0] == '0' && env[1] == 0);
+}
 
 /* ---- non-finite K/V rows (cpu_nonfinite.c) ---- */
 

@@ -115,6 +115,33 @@ typedef struct flashc_cpu_kernels {
                              const uint16_t *panel16, float *c);
     void (*pair_p16)(uint16_t *dst, const float *src, int m, int n);
 
+    /* float32 forward on bf16 tiles, NULL where the set has none: each float32 operand is
+     * split into three bf16 parts, x = x0 + x1 + x2, and a product is taken as the six
+     * largest part products, accumulated in float32 (the error bound is stated where the set
+     * defines them). A split buffer holds three parts of 64 * dp bf16 elements each, part i
+     * at i * 64 * dp; the order of the elements within a part is the set's own (the tile
+     * order its products load fastest), written only by its split3_* and read only by its
+     * products:
+     *   rows3   Q rows of a query block, [m][dp] (up to 64 rows)
+     *   panel3  K^T of a key block, [dp][64]
+     *   vpair3  V of a key block, [64][dp]
+     *   split3_rows:  rows3 from float rows src[m][dp] (rows m..64 left as they are).
+     *   split3_panel: panel3 from a float panel [dp][64]; returns 1 if it holds a NaN or
+     *                 inf (0 otherwise), so that packing needs no second pass over K.
+     *   split3_vpair: vpair3 from float rows [64][dp].
+     *   gemm_panel3:  C[m][64] = A * panel^T over all dp dims (both zero past head_dim).
+     *   gemm_acc3:    C[m][dp] += P[m][0:n] * V, P a float score block (row stride 64),
+     *                 split inside.
+     * The operands of the products must be finite (P may be NaN on rows that end NaN): 0 * inf
+     * among the part products would differ from float32's, so blocks with a non-finite Q or
+     * K take the float32 kernels. x3_supported says whether this processor runs them. */
+    int (*x3_supported)(void);
+    void (*split3_rows)(uint16_t *dst, const float *src, int m, int dp);
+    int (*split3_panel)(uint16_t *dst, const float *panel, int dp);
+    void (*split3_vpair)(uint16_t *dst, const float *rows, int dp);
+    void (*gemm_panel3)(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c);
+    void (*gemm_acc3)(int m, int n, int dp, const float *p, const uint16_t *vpair3, float *c);
+
     /* Decode (cpu_decode.c): products straight from the cache rows, no packing. A decode
      * block is n <= 64 keys, each given by the address of its row (any dtype: 1 f32, 2 f16,
      * 3 bf16, the flashc_dtype values; d elements, contiguous, any alignment), against

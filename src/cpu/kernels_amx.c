@@ -1,13 +1,18 @@
 /*
- * kernels_amx.c - AMX-BF16 micro-kernels for bf16 attention (built with -mamx-tile
- * -mamx-bf16 and the AVX-512 flags for this file only). The two products of the forward run
- * on tiles: S = Q K^T as 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32
- * dims of Q, B = 16 dim pairs x 16 keys of the packed K^T; O += P V the same way over 32
- * keys at a time. The backward's five products use the same two kernels (S, dP, and dV^T,
- * dK^T with an accumulating C; dQ += dS K as O += P V). Everything else (float32 and fp16
- * inputs, the softmax, the pairing and rounding of P and dS) is the AVX-512 set's:
- * AMX-BF16 multiplies bf16 only, and rounding fp16 or fp32 inputs to bf16
- * would break their accuracy bounds.
+ * kernels_amx.c - AMX-BF16 micro-kernels (built with -mamx-tile -mamx-bf16 and the AVX-512
+ * flags for this file only). The two products of the bf16 forward run on tiles: S = Q K^T as
+ * 16-row strips of four 16 x 16 float32 C tiles, A = 16 rows x 32 dims of Q, B = 16 dim pairs
+ * x 16 keys of the packed K^T; O += P V the same way over 32 keys at a time. The bf16
+ * backward's five products use the same two kernels (S, dP, and dV^T, dK^T with an
+ * accumulating C; dQ += dS K as O += P V).
+ *
+ * Float32 inputs: the forward's two products (and the backward's S, so that it matches the
+ * forward's) run on the same tiles with each float32 operand split into three bf16 parts and
+ * six part products summed in float32, which keeps float32 accuracy (the bound is derived
+ * where the split is defined) at 6 tile products per float32 one: the tiles do 16 times the
+ * multiply-adds of AVX-512 FMAs a cycle. Everything else (fp16 inputs, the softmax, the
+ * backward's other float32 products, the pairing and rounding of P and dS) is the AVX-512
+ * set's: rounding fp16 or fp32 inputs to a single bf16 would break their accuracy bounds.
  *
  * Linux hands out the tile data state only on request: supported() asks once with
  * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and reports 0 if it is refused. Each
@@ -274,6 +279,289 @@ static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint
     }
 }
 
+/* ---- float32 on bf16 tiles: each operand split into three bf16 parts ----
+ *
+ * x = x0 + x1 + x2 with x0 = bf16(x), x1 = bf16(x - x0), x2 = bf16(x - x0 - x1), each rounded
+ * to nearest even. x - x0 is exact (x0 is x's leading 8 bits, rounded), so x1 carries the next
+ * 8 and x2 the 8 after those: the three parts hold x's 24-bit significand to within 2^-24 |x|
+ * (exactly, unless a rounding carries across a binade). With |a1| <= 2^-8 |a| and
+ * |a2| <= 2^-16 |a| (and the same for b), the product a b is taken as the six terms
+ *   a2 b0 + a1 b1 + a0 b2 + a1 b0 + a0 b1 + a0 b0
+ * and the three left out (a1 b2, a2 b1, a2 b2) sum to at most (2^-23 + 2^-32) |a b|: every term
+ * kept is exact in float32 (8-bit by 8-bit significands) and tdpbf16ps accumulates them in
+ * float32, so a dot product of k terms has the float32 FMA loop's error (k roundings of the
+ * running sum, at most 2^-24 relative each) plus at most 2^-23 sum |a_i b_i| from the dropped
+ * terms, whose signs vary with the rounding of each part. The small terms go first, so the
+ * roundings of their sums are relative to small partial sums. Measured on 64 x 64 blocks of
+ * random operands spanning e^+-3 (S, head dims 64-256) the worst error is 3.3-4.2 times
+ * 2^-24 sum |a_i b_i|, against 9.6-11.2 for the AVX-512 FMA kernels (P V: 1.8-1.9 against
+ * 5.5-6.0): the tiles' float32 accumulation rounds no more often than the FMA loop.
+ * Subnormal values and parts are read as zero (the conversion and the tiles flush them): a
+ * part is subnormal only where |x| < 2^-110, and then the product a b loses at most
+ * 2^-118 |b| in absolute terms (2^-126 |b| for a subnormal a itself), far below the
+ * rounding of any score or output those terms enter, unless every term is that small (and
+ * such a score is near zero either way).
+ *
+ * Layout: the parts are stored tile by tile, each 16 x 32 bf16 tile (1 KiB) contiguous, so
+ * that every tile load reads 16 consecutive cache lines. Rows of Q laid out as rows16 (a tile
+ * row of 64 bytes every 2 dp bytes) and K^T as panel16 (every 256 bytes) spread each load
+ * over lines shared with other tiles, and the products ran at 40% of the tiles' rate once
+ * the operands outgrew L1 (head dim 128); contiguous tiles stream from L2 at nearly the full
+ * rate. Part i of a buffer is 64 dp elements after part i - 1 (kernels.h), and within a part:
+ *   rows3  (Q, A of S):     tile (strip r/16, dims c/32) at (r/16 * dp/32 + c/32) * 512,
+ *                           element (r%16) * 32 + c%32
+ *   panel3 (K^T, B of S):   tile (keys k/16, dims d/32) at (k/16 * dp/32 + d/32) * 512,
+ *                           element (d%32)/2 * 32 + (k%16) * 2 + d%2
+ *   vpair3 (V, B of P V):   tile (dims c/16, keys k/32) at (c/16 * 2 + k/32) * 512,
+ *                           element (k%32)/2 * 32 + (c%16) * 2 + k%2
+ *   P's parts (A of P V):   tile (strip r/16, keys k/32) at (r/16 * 2 + k/32) * 512,
+ *                           element (r%16) * 32 + k%32
+ */
+
+enum { TILE = 512 }; /* bf16 elements of one 16 x 32 tile */
+
+/* The six products, small first: part of A, part of B. */
+static const int x3_terms[6][2] = {{2, 0}, {1, 1}, {0, 2}, {1, 0}, {0, 1}, {0, 0}};
+
+static inline __attribute__((always_inline)) __m512 bf16_widen(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) __m256i bf16_round(__m512 x)
+{
+    return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* 16 floats into three bf16 parts, for P: finite values far from overflow (or NaN, which
+ * then leaves x1 and x2 NaN, the row being NaN already). */
+static inline __attribute__((always_inline)) void split3_fast(__m512 x, __m256i *h0, __m256i *h1,
+                                                              __m256i *h2)
+{
+    *h0 = bf16_round(x);
+    const __m512 d = _mm512_sub_ps(x, bf16_widen(*h0));
+    *h1 = bf16_round(d);
+    *h2 = bf16_round(_mm512_sub_ps(d, bf16_widen(*h1)));
+}
+
+/* The same for any input (Q, K and V as packed): where |x| >= 2^127 the leading part is x
+ * truncated rather than rounded, so that a finite value near FLT_MAX does not round to inf
+ * (x0 + x1 + x2 stays x, x1 then up to 2^-7 |x|); inf and NaN give (x, 0, 0). Non-finite Q
+ * or K never reach the products (the forward routes those blocks through the float32
+ * kernels: 0 * inf among the part products would give NaN where float32 gives inf), and
+ * non-finite V rows take the sparse product; the parts are only kept well defined. */
+static inline __attribute__((always_inline)) void split3_safe(__m512 x, __m256i *h0, __m256i *h1,
+                                                              __m256i *h2)
+{
+    const __m512i xi = _mm512_castps_si512(x);
+    const __m512i expo = _mm512_and_si512(xi, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 big = _mm512_cmpge_epi32_mask(expo, _mm512_set1_epi32(0x7f000000));
+    const __mmask16 bad = _mm512_cmpeq_epi32_mask(expo, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512i x0i = _mm512_castps_si512(bf16_widen(bf16_round(x)));
+    x0i = _mm512_mask_and_epi32(x0i, big, xi, _mm512_set1_epi32((int)0xffff0000u));
+    x0i = _mm512_mask_mov_epi32(x0i, nan, _mm512_set1_epi32(0x7fc00000));
+    *h0 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(x0i, 16));
+    const __m512 d = _mm512_maskz_sub_ps((__mmask16)~bad, x, _mm512_castsi512_ps(x0i));
+    *h1 = bf16_round(d);
+    *h2 = bf16_round(_mm512_sub_ps(d, bf16_widen(*h1)));
+}
+
+static inline __attribute__((always_inline)) void store3(uint16_t *o, ptrdiff_t part, __m256i h0,
+                                                         __m256i h1, __m256i h2)
+{
+    _mm256_store_si256((__m256i *)o, h0);
+    _mm256_store_si256((__m256i *)(o + part), h1);
+    _mm256_store_si256((__m256i *)(o + 2 * part), h2);
+}
+
+/* Two sets of 16 values, lo and hi, interleaved as 16 bf16 pairs (lo in the low half): one
+ * 64-byte tile row, for each part. */
+static inline __attribute__((always_inline)) void store3_pairs(uint16_t *o, ptrdiff_t part,
+                                                               const __m256i lo[3],
+                                                               const __m256i hi[3])
+{
+    for (int i = 0; i < 3; i++) {
+        const __m512i l = _mm512_cvtepu16_epi32(lo[i]), h = _mm512_cvtepu16_epi32(hi[i]);
+        _mm512_store_si512((void *)(o + i * part), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
+}
+
+/* rows3 from float rows src[m][dp]; rows m up to the strip's end are left as they are (the
+ * tile kernels' scratch rows). */
+static void amx_split3_rows(uint16_t *dst, const float *src, int m, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_M * dp;
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < dp; c += 16) {
+            __m256i h0, h1, h2;
+            split3_safe(_mm512_load_ps(src + (ptrdiff_t)r * dp + c), &h0, &h1, &h2);
+            store3(dst + ((r / 16) * (dp / 32) + c / 32) * TILE + (r % 16) * 32 + c % 32, part,
+                   h0, h1, h2);
+        }
+}
+
+/* panel3 from the float panel [dp][64] (K^T); 1 if it holds a NaN or inf. */
+static int amx_split3_panel(uint16_t *dst, const float *panel, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    const __m512i expo = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    for (int d = 0; d < dp; d += 2)
+        for (int k = 0; k < FLASHC_CPU_BLOCK_N; k += 16) {
+            __m256i a[3], b[3];
+            const __m512 x = _mm512_load_ps(panel + d * FLASHC_CPU_BLOCK_N + k);
+            const __m512 y = _mm512_load_ps(panel + (d + 1) * FLASHC_CPU_BLOCK_N + k);
+            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), expo), expo) |
+                   _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(y), expo), expo);
+            split3_safe(x, &a[0], &a[1], &a[2]);
+            split3_safe(y, &b[0], &b[1], &b[2]);
+            store3_pairs(dst + ((k / 16) * (dp / 32) + d / 32) * TILE + (d % 32) / 2 * 32, part, a,
+                         b);
+        }
+    return bad != 0;
+}
+
+/* vpair3 from float rows [64][dp] of V (zero past the block's keys). */
+static void amx_split3_vpair(uint16_t *dst, const float *rows, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    for (int k = 0; k < FLASHC_CPU_BLOCK_N; k += 2)
+        for (int c = 0; c < dp; c += 16) {
+            __m256i a[3], b[3];
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)k * dp + c), &a[0], &a[1], &a[2]);
+            split3_safe(_mm512_load_ps(rows + (ptrdiff_t)(k + 1) * dp + c), &b[0], &b[1], &b[2]);
+            store3_pairs(dst + ((c / 16) * 2 + k / 32) * TILE + (k % 32) / 2 * 32, part, a, b);
+        }
+}
+
+/* C tiles 0-3 (rows of strips s and s + 1, columns of groups g and g + 1: tile (i, j) at
+ * c + (s + i) 16 ldc + (g + j) 16) (+)= sum over the six terms and nk steps of
+ * A(strip, step) B(group, step), A's tile (strip, step) at a + (strip * astrips + step) TILE
+ * and B's (group, step) at b + (group * bgroups + step) TILE, the parts of A apart apart
+ * and those of B bpart. */
+static inline __attribute__((always_inline)) void
+amx_x3_block(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
+             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
+             const int accumulate)
+{
+    const size_t cstride = (size_t)ldc * sizeof(float);
+    float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16, *c1 = c0 + (ptrdiff_t)16 * ldc;
+    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
+    for (int t = 0; t < 6; t++) {
+        const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
+        const uint16_t *a1 = a0 + (ptrdiff_t)astrips * TILE;
+        const uint16_t *b0 = b + x3_terms[t][1] * bpart + (ptrdiff_t)g * bgroups * TILE;
+        const uint16_t *b1 = b0 + (ptrdiff_t)bgroups * TILE;
+        for (int p = 0; p < nk; p++) {
+            _tile_loadd(4, a0 + p * TILE, 64);
+            _tile_loadd(6, b0 + p * TILE, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + p * TILE, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, a1 + p * TILE, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
+}
+
+/* One strip s, two column groups g, g + 1 (tiles 0, 1), the same sums. */
+static inline __attribute__((always_inline)) void
+amx_x3_strip(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
+             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
+             const int accumulate)
+{
+    const size_t cstride = (size_t)ldc * sizeof(float);
+    float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16;
+    if (accumulate) {
+        _tile_loadd(0, c0, cstride);
+        _tile_loadd(1, c0 + 16, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
+    for (int t = 0; t < 6; t++) {
+        const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
+        const uint16_t *b0 = b + x3_terms[t][1] * bpart + (ptrdiff_t)g * bgroups * TILE;
+        const uint16_t *b1 = b0 + (ptrdiff_t)bgroups * TILE;
+        for (int p = 0; p < nk; p++) {
+            _tile_loadd(4, a0 + p * TILE, 64);
+            _tile_loadd(6, b0 + p * TILE, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + p * TILE, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+    _tile_stored(0, c0, cstride);
+    _tile_stored(1, c0 + 16, cstride);
+}
+
+/* S[64-row buffer][64] = Q K^T from rows3 and panel3, over all dp dims (both zero past the
+ * head dim): strips in pairs, a last odd one alone. */
+static void amx_gemm_panel3(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c)
+{
+    amx_configure();
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    const int nk = dp / 32, strips = (m + 15) / 16;
+    int s = 0;
+    for (; s + 1 < strips; s += 2)
+        for (int g = 0; g < 4; g += 2)
+            amx_x3_block(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+    if (s < strips)
+        for (int g = 0; g < 4; g += 2)
+            amx_x3_strip(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+}
+
+/* P's parts: p3 (tile order, see above) from P[m][0:n] (row stride 64), zero at rows m up
+ * to the strip's end and columns n up to the next 32. */
+static void amx_split3_p(uint16_t *p3, const float *p, int m, int n)
+{
+    const int strips = (m + 15) / 16, nk = (n + 31) / 32;
+    const ptrdiff_t ppart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    __mmask16 keep[4];
+    for (int v = 0; v < 4; v++) {
+        const int left = n - 16 * v;
+        keep[v] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    for (int r = 0; r < strips * 16; r++) {
+        const float *pr = p + r * FLASHC_CPU_BLOCK_N;
+        const int live = r < m;
+        for (int v = 0; v < nk * 2; v++) {
+            __m256i h0, h1, h2;
+            split3_fast(_mm512_maskz_load_ps(live ? keep[v] : 0, pr + 16 * v), &h0, &h1, &h2);
+            store3(p3 + ((r / 16) * 2 + v / 2) * TILE + (r % 16) * 32 + (v % 2) * 16, ppart, h0,
+                   h1, h2);
+        }
+    }
+}
+
+/* P's parts for gemm_acc3, per thread. */
+static __thread uint16_t p3_buf[3 * FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N]
+    __attribute__((aligned(64)));
+
+/* O[64-row buffer][dp] += P[m][0:n] V: P (float, row stride 64) split here, rows m up to the
+ * strip's end and columns n up to the next 32 as zero; V from vpair3 (zero past the block's
+ * keys). */
+static void amx_gemm_acc3(int m, int n, int dp, const float *p, const uint16_t *vpair3,
+                          float *c)
+{
+    amx_configure();
+    const int strips = (m + 15) / 16, nk = (n + 31) / 32;
+    const ptrdiff_t ppart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    amx_split3_p(p3_buf, p, m, n);
+    const ptrdiff_t vpart = (ptrdiff_t)FLASHC_CPU_BLOCK_N * dp;
+    const int groups = dp / 16;
+    int s = 0;
+    for (; s + 1 < strips; s += 2)
+        for (int g = 0; g < groups; g += 2)
+            amx_x3_block(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
+    if (s < strips)
+        for (int g = 0; g < groups; g += 2)
+            amx_x3_strip(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
+}
+
 /* The rest is the AVX-512 set's, called through its table. */
 static void amx_gemm_panel(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
                            float *c)
@@ -376,6 +664,12 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .gemm_panel16_acc = amx_gemm_panel16_acc,
     .pair_p16 = amx_pair_p16,
     .bf16_supported = amx_supported,
+    .x3_supported = amx_supported,
+    .split3_rows = amx_split3_rows,
+    .split3_panel = amx_split3_panel,
+    .split3_vpair = amx_split3_vpair,
+    .gemm_panel3 = amx_gemm_panel3,
+    .gemm_acc3 = amx_gemm_acc3,
     .decode_qk = amx_decode_qk,
     .decode_qk16 = amx_decode_qk16,
     .decode_pv = amx_decode_pv,
