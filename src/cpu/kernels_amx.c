@@ -439,15 +439,24 @@ static void amx_split3_vpair(uint16_t *dst, const float *rows, int dp)
  * c + (s + i) 16 ldc + (g + j) 16) (+)= sum over the six terms and nk steps of
  * A(strip, step) B(group, step), A's tile (strip, step) at a + (strip * astrips + step) TILE
  * and B's (group, step) at b + (group * bgroups + step) TILE, the parts of A apart apart
- * and those of B bpart. */
+ * and those of B bpart. two_strips = 0 (a constant where it is inlined) does strip s alone:
+ * tiles 0 and 1, for a last odd strip. */
 static inline __attribute__((always_inline)) void
-amx_x3_block(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
-             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
-             const int accumulate)
+amx_x3_tiles(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b, int bgroups,
+             ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc, const int accumulate,
+             const int two_strips)
 {
     const size_t cstride = (size_t)ldc * sizeof(float);
     float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16, *c1 = c0 + (ptrdiff_t)16 * ldc;
-    amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
+    if (two_strips) {
+        amx_c_load(c0, c0 + 16, c1, c1 + 16, cstride, accumulate);
+    } else if (accumulate) {
+        _tile_loadd(0, c0, cstride);
+        _tile_loadd(1, c0 + 16, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
     for (int t = 0; t < 6; t++) {
         const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
         const uint16_t *a1 = a0 + (ptrdiff_t)astrips * TILE;
@@ -459,43 +468,19 @@ amx_x3_block(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_
             _tile_dpbf16ps(0, 4, 6);
             _tile_loadd(7, b1 + p * TILE, 64);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a1 + p * TILE, 64);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            if (two_strips) {
+                _tile_loadd(5, a1 + p * TILE, 64);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
         }
     }
-    amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
-}
-
-/* One strip s, two column groups g, g + 1 (tiles 0, 1), the same sums. */
-static inline __attribute__((always_inline)) void
-amx_x3_strip(int s, int g, int nk, const uint16_t *a, int astrips, const uint16_t *b,
-             int bgroups, ptrdiff_t apart, ptrdiff_t bpart, float *c, int ldc,
-             const int accumulate)
-{
-    const size_t cstride = (size_t)ldc * sizeof(float);
-    float *c0 = c + (ptrdiff_t)s * 16 * ldc + g * 16;
-    if (accumulate) {
-        _tile_loadd(0, c0, cstride);
-        _tile_loadd(1, c0 + 16, cstride);
+    if (two_strips) {
+        amx_c_store(c0, c0 + 16, c1, c1 + 16, cstride);
     } else {
-        _tile_zero(0);
-        _tile_zero(1);
+        _tile_stored(0, c0, cstride);
+        _tile_stored(1, c0 + 16, cstride);
     }
-    for (int t = 0; t < 6; t++) {
-        const uint16_t *a0 = a + x3_terms[t][0] * apart + (ptrdiff_t)s * astrips * TILE;
-        const uint16_t *b0 = b + x3_terms[t][1] * bpart + (ptrdiff_t)g * bgroups * TILE;
-        const uint16_t *b1 = b0 + (ptrdiff_t)bgroups * TILE;
-        for (int p = 0; p < nk; p++) {
-            _tile_loadd(4, a0 + p * TILE, 64);
-            _tile_loadd(6, b0 + p * TILE, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, b1 + p * TILE, 64);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-    }
-    _tile_stored(0, c0, cstride);
-    _tile_stored(1, c0 + 16, cstride);
 }
 
 /* S[64-row buffer][64] = Q K^T from rows3 and panel3, over all dp dims (both zero past the
@@ -508,10 +493,10 @@ static void amx_gemm_panel3(int m, int dp, const uint16_t *a3, const uint16_t *p
     int s = 0;
     for (; s + 1 < strips; s += 2)
         for (int g = 0; g < 4; g += 2)
-            amx_x3_block(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+            amx_x3_tiles(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0, 1);
     if (s < strips)
         for (int g = 0; g < 4; g += 2)
-            amx_x3_strip(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0);
+            amx_x3_tiles(s, g, nk, a3, nk, panel3, nk, part, part, c, FLASHC_CPU_BLOCK_N, 0, 0);
 }
 
 /* P's parts: p3 (tile order, see above) from P[m][0:n] (row stride 64), zero at rows m up
@@ -556,10 +541,10 @@ static void amx_gemm_acc3(int m, int n, int dp, const float *p, const uint16_t *
     int s = 0;
     for (; s + 1 < strips; s += 2)
         for (int g = 0; g < groups; g += 2)
-            amx_x3_block(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
+            amx_x3_tiles(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1, 1);
     if (s < strips)
         for (int g = 0; g < groups; g += 2)
-            amx_x3_strip(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1);
+            amx_x3_tiles(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1, 0);
 }
 
 /* The rest is the AVX-512 set's, called through its table. */
