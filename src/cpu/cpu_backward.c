@@ -8,7 +8,8 @@
  *     dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
  * and dK, dQ are multiplied by scale at the end. Where the forward takes the split float32
  * products (kernels.h), S takes the same kernel on the same parts, so that P matches the
- * forward's LSE; the other products stay float32 (backward_job.use3 says why). Masked entries have P = dS = 0 whatever
+ * forward's LSE, and dQ, dK, dV take split products too; dP stays float32 (backward_job.use3
+ * says why). Masked entries have P = dS = 0 whatever
  * dP holds, and a key block whose K holds a NaN or inf takes dS K through the product that
  * skips zero entries (cpu_nonfinite.c), so keys a row cannot see never reach its gradients.
  *
@@ -52,10 +53,25 @@ typedef struct backward_job {
      * 2), float32 FMA S against the split forward's LSE doubled the gradients' error. dP =
      * dO V^T keeps the FMA kernel: dS = P (dP - delta) cancels, and the split product's
      * slightly larger error per term (dropped terms) raised dQ's error at head dim 256 past
-     * the float32 tolerance. The other products stay float32 too. */
+     * the float32 tolerance. The three gradient products take split products: dQ += dS K
+     * through gemm_acc3 with K split once here (kr3, in vpair3), dV^T += dO^T P and dK^T +=
+     * Q^T dS through gemm_tn_acc3 with Q^T and dO^T split once per query block; P and dS are
+     * split per block pair as the forward splits P (dP's error is already in dS, and the
+     * split's error per term is below the FMA loop's). dK and dV are then accumulated
+     * transposed, [dp][64] per key block, as on the bf16 path. The split needs finite
+     * operands (0 * inf among the part products), so a block pair takes it only where Q, dO,
+     * K, V and delta are all finite (an inf in dO, V or delta can make dS inf, which the split
+     * turns into NaN); the others take the float32 kernels (tn_acc_t for the transposed dK, dV). */
     int use3;
-    void *kt3;
-    uint8_t *qbad; /* use3: per query slot, 1 if its Q holds a NaN or inf */
+    /* use3 at padded head dims of 128 and more: the gradient products split as well. At 64
+     * the split products ran no faster than the FMA kernels in cache (a 64 x 64 x 64 block:
+     * 2.4 us either way, the split of P or dS a third of it) and the backward 4-11% slower. */
+    int grad3;
+    void *kt3, *kr3;
+    /* use3: per query slot, QBAD_Q if its Q holds a NaN or inf, QBAD_DO if its dO does,
+     * QBAD_DELTA if its delta does (an inf in O, from an inf in V anywhere in the row) */
+    uint8_t *qbad;
+    uint8_t *vbad; /* grad3: per packed block, 1 if its V holds a NaN or inf */
     float *delta; /* three passes: laid out like the LSE, [batch, heads_q, seqlen_q] */
     /* packed; per sequence b: [heads_kv][key blocks of b][dp * BLOCK_N] elements: K^T, V^T
      * panels and K rows as float32, or (use16) K^T, V^T in panel16 and K in vpair16 */
@@ -71,7 +87,9 @@ typedef struct backward_job {
     cpu_blocks qb, kb; /* query and key blocks of every sequence */
 } backward_job;
 
-/* Block kblock of (b, hk) in the split panel kt3: 64 x dp elements of three parts. */
+enum { QBAD_Q = 1, QBAD_DO = 2, QBAD_DELTA = 4 };
+
+/* Block kblock of (b, hk) in the split kt3 or kr3: 64 x dp elements of three parts. */
 static uint16_t *packed3(const backward_job *job, void *base, int64_t b, int64_t hk,
                          int64_t kblock)
 {
@@ -116,6 +134,15 @@ static void pack_task(void *ctx, int64_t task, int thread)
     if (job->use3)
         job->kern->split3_panel(packed3(job, job->kt3, b, hk, kblock),
                                 packed(job, job->kt, b, hk, kblock), job->dp);
+    if (job->grad3) {
+        const size_t at = flashc_cpu_packed_index(&job->kb, pr->heads_kv, b, hk, kblock);
+        float *kr = packed(job, job->kr, b, hk, kblock);
+        /* K rows past the block's end zero: the split dS K reduces over 32 keys at a time */
+        memset(kr + (size_t)n * job->dp, 0,
+               (size_t)(FLASHC_CPU_BLOCK_N - n) * job->dp * sizeof(float));
+        job->kern->split3_vpair(packed3(job, job->kr3, b, hk, kblock), kr, job->dp);
+        job->vbad[at] = flashc_cpu_nonfinite_rows(job->v, sq.batch, s0, n, hk) != 0;
+    }
 }
 
 /* dst[dp][64] = rows [s0, s0 + m) of a bf16 tensor transposed, element (row r, dim c) at
@@ -133,7 +160,7 @@ static void pack_t16(uint16_t *dst, int dp, const flashc_tensor *t, int64_t b, i
 }
 
 /* Stores keys [s0, s0 + n) of head h from a transposed accumulator panel[dp][64] times
- * scale: the use16 layout of dK and dV. The panel is read along its rows into tmp[n][dp]
+ * scale: the use16 and grad3 layout of dK and dV. The panel is read along its rows into tmp[n][dp]
  * (strided writes into a buffer that stays in L1), then stored as rows. */
 static void store_t(flashc_tensor *t, const float *panel, float *tmp, int dp, int64_t b,
                     int64_t s0, int n, int64_t h, float scale)
@@ -176,8 +203,9 @@ typedef struct bwd_scratch {
     int *ncols, *cbeg;
     /* use16: Q, dO as bf16 rows and transposed; P, dS in query pairs; dS as bf16 rows */
     uint16_t *q16, *do16, *qt16, *dot16, *pp16, *dsp16, *ds16;
-    /* use3: Q split (rows3) and whether it holds a NaN or inf */
-    uint16_t *q3;
+    /* use3: Q split (rows3), Q and dO split transposed (rowsT3), and whether they hold a
+     * NaN or inf; the split P and dS (qpair3) reuse the bf16 P and dS buffers */
+    uint16_t *q3, *qt3, *dot3;
     uint8_t *qbad;
 } bwd_scratch;
 
@@ -199,6 +227,22 @@ static bwd_head head_of(const backward_job *job, int64_t b, int64_t h)
     return hd;
 }
 
+/* C^T[dp][64] += A[m][0:n]^T B[m][dp] in float32: dK^T and dV^T on the split path for a
+ * block pair whose operands hold a NaN or inf, every product added as the FMA kernel adds
+ * it, so the NaN and inf it makes are the same. */
+static void tn_acc_t(int n, int m, int dp, const float *a, const float *b, float *ct)
+{
+    for (int r = 0; r < m; r++) {
+        const float *ar = a + (ptrdiff_t)r * FLASHC_CPU_BLOCK_N;
+        for (int d = 0; d < dp; d++) {
+            const float x = b[(ptrdiff_t)r * dp + d];
+            float *c = ct + (ptrdiff_t)d * FLASHC_CPU_BLOCK_N;
+            for (int k = 0; k < n; k++)
+                c[k] += ar[k] * x;
+        }
+    }
+}
+
 /* The products of one (query block, key block) pair of a head, i0 and j0 counted in its
  * sequence. dq may be NULL (three-pass dK/dV pass) and dk/dv NULL (three-pass dQ pass). */
 static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, int m,
@@ -216,7 +260,7 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         kern->gemm_panel16(m, dp, w->q16, dp, packed(job, job->kt, hd->b, hd->hk, kblock), s);
         kern->gemm_panel16(m, dp, w->do16, dp, packed(job, job->vt, hd->b, hd->hk, kblock),
                            dpb);
-    } else if (job->use3 && !*w->qbad && !job->kbad[at]) {
+    } else if (job->use3 && !(*w->qbad & QBAD_Q) && !job->kbad[at]) {
         kern->gemm_panel3(m, dp, w->q3, packed3(job, job->kt3, hd->b, hd->hk, kblock), s);
         kern->gemm_panel(m, d, w->dout, dp, packed(job, job->vt, hd->b, hd->hk, kblock), dpb);
     } else { /* float32 products; on the split path for the blocks whose Q or K holds a NaN
@@ -260,12 +304,26 @@ static void block_pair(const backward_job *job, const bwd_head *hd, int64_t i0, 
         }
         return;
     }
-    if (dv) {
+    /* the split products where every operand is finite (backward_job.use3) */
+    const int split = job->grad3 && !*w->qbad && !job->kbad[at] && !job->vbad[at];
+    if (dv && split) { /* dK^T, dV^T: transposed on the split path, as for use16 */
+        kern->split3_qpair(w->pp16, s, m, n);
+        kern->gemm_tn_acc3(m, dp, w->dot3, w->pp16, dv);
+        kern->split3_qpair(w->pp16, dpb, m, n);
+        kern->gemm_tn_acc3(m, dp, w->qt3, w->pp16, dk);
+    } else if (dv && job->grad3) {
+        tn_acc_t(n, m, dp, s, w->dout, dv);
+        tn_acc_t(n, m, dp, dpb, w->q, dk);
+    } else if (dv) {
         kern->gemm_tn_acc(n, m, dp, s, w->dout, dv);
         kern->gemm_tn_acc(n, m, dp, dpb, w->q, dk);
     }
-    if (dq && !kbad)
-        kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, hd->b, hd->hk, kblock), dq);
+    if (dq && !kbad) {
+        if (split)
+            kern->gemm_acc3(m, n, dp, dpb, packed3(job, job->kr3, hd->b, hd->hk, kblock), dq);
+        else
+            kern->gemm_acc(m, n, dp, dpb, packed(job, job->kr, hd->b, hd->hk, kblock), dq);
+    }
 }
 
 /* First query block that may see key block j0 of sequence sq: where the right edge of the
@@ -330,11 +388,11 @@ static bwd_scratch carve(const backward_job *job, int thread, size_t dkdv_rows)
     return w;
 }
 
-/* Rows of the dQ block to clear: all of them for the bf16 products, whose tile kernels
- * accumulate whole 16-row strips. */
+/* Rows of the dQ block to clear: all of them for the bf16 and split products, whose tile
+ * kernels accumulate whole 16-row strips. */
 static int dq_rows(const backward_job *job, int m)
 {
-    return job->use16 ? FLASHC_CPU_BLOCK_M : m;
+    return job->use16 || job->grad3 ? FLASHC_CPU_BLOCK_M : m;
 }
 
 /* ---- the query-side operands ---- */
@@ -383,10 +441,10 @@ static bwd_qblock qblock_of(const backward_job *job, int64_t task)
 }
 
 /* Bytes per element of a query slot: Q and dO rows as float32 (8), and on the split path
- * Q's three bf16 parts as well (6 more). */
+ * Q's three bf16 parts (6 more), and with grad3 those of Q^T and dO^T (12 more). */
 static size_t qslot_elem_bytes(const backward_job *job)
 {
-    return job->use3 ? 14 : 8;
+    return job->grad3 ? 26 : job->use3 ? 14 : 8;
 }
 
 /* Points w's query operands at the packed ones of query block qblock of head h of sequence b
@@ -400,6 +458,8 @@ static void point_queries(const backward_job *job, bwd_scratch *w, int64_t b, in
     char *slot = (char *)job->qpack + index * elems * qslot_elem_bytes(job);
     if (job->use3) { /* after the float rows: Q's parts */
         w->q3 = (uint16_t *)(slot + elems * 8);
+        w->qt3 = w->q3 + 3 * elems;
+        w->dot3 = w->qt3 + 3 * elems;
         w->qbad = job->qbad + index;
     }
     if (job->use16) {
@@ -437,13 +497,23 @@ static void query_pack_task(void *ctx, int64_t task, int thread)
         dout32 = w.dout;
         if (job->use3) {
             job->kern->split3_rows(w.q3, w.q, qb.m, dp);
+            if (job->grad3) {
+                job->kern->split3_rowsT(w.qt3, w.q, qb.m, dp);
+                job->kern->split3_rowsT(w.dot3, w.dout, qb.m, dp);
+            }
             int bad = 0;
-            for (int r = 0; r < qb.m && !bad; r++)
-                bad = flashc_cpu_row_nonfinite(w.q + (ptrdiff_t)r * dp, FLASHC_F32, dp);
+            for (int r = 0; r < qb.m && !(bad & QBAD_Q); r++)
+                if (flashc_cpu_row_nonfinite(w.q + (ptrdiff_t)r * dp, FLASHC_F32, dp))
+                    bad |= QBAD_Q;
+            for (int r = 0; r < qb.m && !(bad & QBAD_DO); r++)
+                if (flashc_cpu_row_nonfinite(w.dout + (ptrdiff_t)r * dp, FLASHC_F32, dp))
+                    bad |= QBAD_DO;
             *w.qbad = (uint8_t)bad;
         }
     }
     compute_delta(job, qb.sq.batch, qb.h, qb.s0, qb.m, w.o, dout32, w.delta);
+    if (job->use3 && flashc_cpu_row_nonfinite(w.delta, FLASHC_F32, qb.m))
+        *w.qbad |= QBAD_DELTA;
 }
 
 /* ---- key chunks and the dQ partials ---- */
@@ -563,7 +633,7 @@ static void onepass_task(void *ctx, int64_t task, int thread)
                 flashc_cpu_store_rows(job->dq, w.dq, dp, sq.batch, s0, m, h, pr->scale);
         }
     }
-    if (job->use16) {
+    if (job->use16 || job->grad3) { /* transposed */
         for (int64_t j0 = kfirst; j0 < kfirst + nkc; j0 += FLASHC_CPU_BLOCK_N) {
             const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
             const size_t at = (size_t)(j0 - kfirst) * dp;
@@ -629,7 +699,7 @@ static void dkdv_task(void *ctx, int64_t task, int thread)
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
     bwd_scratch w = carve(job, thread, FLASHC_CPU_BLOCK_N);
-    /* the whole block: the use16 layout is transposed, [dp][64] */
+    /* the whole block: the use16 and grad3 layout is transposed, [dp][64] */
     memset(w.dk, 0, (size_t)FLASHC_CPU_BLOCK_N * dp * sizeof(float));
     memset(w.dv, 0, (size_t)FLASHC_CPU_BLOCK_N * dp * sizeof(float));
 
@@ -650,7 +720,7 @@ static void dkdv_task(void *ctx, int64_t task, int thread)
             block_pair(job, &hd, i0, m, j0, &w, NULL, w.dk, w.dv);
         }
     }
-    if (job->use16) {
+    if (job->use16 || job->grad3) { /* transposed */
         store_t(job->dk, w.dk, w.o, dp, sq.batch, sq.k0 + j0, n, hk, pr->scale);
         store_t(job->dv, w.dv, w.o, dp, sq.batch, sq.k0 + j0, n, hk, 1.0f);
         return;
@@ -747,6 +817,8 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                 kern->bf16_supported && kern->bf16_supported();
     job.use3 = pr->dtype == FLASHC_F32 && flashc_cpu_split_f32_enabled() && kern->gemm_panel3 &&
                kern->x3_supported && kern->x3_supported();
+    job.grad3 = job.use3 && job.dp >= 128 && kern->gemm_acc3 && kern->split3_vpair &&
+                kern->split3_rowsT && kern->split3_qpair && kern->gemm_tn_acc3;
     const int threads = flashc_threadpool_size(st->pool);
     job.chunks = call_chunks(pr, job.dp);
     const int one_pass = use_one_pass(pr, job.chunks, threads);
@@ -783,10 +855,14 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
                  : FLASHC_CPU_BLOCK_N;
     const size_t scratch_floats = flashc_cpu_lines(bwd_scratch_floats(job.dp, rows));
     const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8);
-    /* use3: split K^T and the query slots' flags */
+    /* use3: split K^T and the query slots' flags; grad3: split K and the key blocks' V flags */
     const size_t pack3_bytes =
         job.use3 ? flashc_cpu_line_bytes(pack_bytes / sizeof(float) * 6) : 0;
-    const size_t use3_bytes = job.use3 ? pack3_bytes + flashc_cpu_line_bytes(qslots) : 0;
+    const size_t vbad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv));
+    const size_t use3_bytes =
+        job.use3 ? (job.grad3 ? 2 : 1) * pack3_bytes + flashc_cpu_line_bytes(qslots) +
+                       (job.grad3 ? vbad_bytes : 0)
+                 : 0;
     cpu_workspace ws;
     flashc_status status = flashc_cpu_workspace_get(
         st,
@@ -813,6 +889,10 @@ flashc_status flashc_cpu_backward(void *state, const flashc_problem *pr,
         char *p = (char *)job.scratch.base + (size_t)threads * scratch_floats * sizeof(float);
         job.kt3 = p;
         job.qbad = (uint8_t *)(p + pack3_bytes);
+        if (job.grad3) {
+            job.kr3 = p + pack3_bytes + flashc_cpu_line_bytes(qslots);
+            job.vbad = (uint8_t *)job.kr3 + pack3_bytes;
+        }
     }
 
     const int64_t qtasks = job.qb.total * pr->heads_q, ktasks = job.kb.total * pr->heads_kv;

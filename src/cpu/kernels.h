@@ -134,13 +134,23 @@ typedef struct flashc_cpu_kernels {
      *                 split inside.
      * The operands of the products must be finite (P may be NaN on rows that end NaN): 0 * inf
      * among the part products would differ from float32's, so blocks with a non-finite Q or
-     * K take the float32 kernels. x3_supported says whether this processor runs them. */
+     * K take the float32 kernels. x3_supported says whether this processor runs them.
+     * The backward's reductions over queries (NULL where the set has none), with the
+     * accumulator transposed as in the bf16 backward: C^T[dp][64] += A^T[dp][0:m] * B[m][64]
+     * for dV^T += dO^T P and dK^T += Q^T dS.
+     *   split3_rowsT: A's parts from float rows src[m][dp] (Q or dO), zero at rows m..64.
+     *   split3_qpair: B's parts from a score block [m][0:n] (row stride 64), zero at rows
+     *                 m up to the next 32 and columns n..64; finite, or NaN on NaN rows.
+     *   gemm_tn_acc3: C^T (row stride 64) += A^T B over queries [0, m). */
     int (*x3_supported)(void);
     void (*split3_rows)(uint16_t *dst, const float *src, int m, int dp);
     int (*split3_panel)(uint16_t *dst, const float *panel, int dp);
     void (*split3_vpair)(uint16_t *dst, const float *rows, int dp);
     void (*gemm_panel3)(int m, int dp, const uint16_t *a3, const uint16_t *panel3, float *c);
     void (*gemm_acc3)(int m, int n, int dp, const float *p, const uint16_t *vpair3, float *c);
+    void (*split3_rowsT)(uint16_t *dst, const float *src, int m, int dp);
+    void (*split3_qpair)(uint16_t *dst, const float *p, int m, int n);
+    void (*gemm_tn_acc3)(int m, int dp, const uint16_t *at3, const uint16_t *b3, float *ct);
 
     /* Decode (cpu_decode.c): products straight from the cache rows, no packing. A decode
      * block is n <= 64 keys, each given by the address of its row (any dtype: 1 f32, 2 f16,

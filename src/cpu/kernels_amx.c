@@ -6,13 +6,14 @@
  * backward's five products use the same two kernels (S, dP, and dV^T, dK^T with an
  * accumulating C; dQ += dS K as O += P V).
  *
- * Float32 inputs: the forward's two products (and the backward's S, so that it matches the
- * forward's) run on the same tiles with each float32 operand split into three bf16 parts and
+ * Float32 inputs: the forward's two products and four of the backward's five (S, so that it
+ * matches the forward's, and dQ, dK, dV; dK and dV as transposed C tiles, as in the bf16
+ * backward) run on the same tiles with each float32 operand split into three bf16 parts and
  * six part products summed in float32, which keeps float32 accuracy (the bound is derived
  * where the split is defined) at 6 tile products per float32 one: the tiles do 16 times the
  * multiply-adds of AVX-512 FMAs a cycle. Everything else (fp16 inputs, the softmax, the
- * backward's other float32 products, the pairing and rounding of P and dS) is the AVX-512
- * set's: rounding fp16 or fp32 inputs to a single bf16 would break their accuracy bounds.
+ * backward's dP, the pairing and rounding of P and dS) is the AVX-512 set's: rounding fp16
+ * or fp32 inputs to a single bf16 would break their accuracy bounds.
  *
  * Linux hands out the tile data state only on request: supported() asks once with
  * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and reports 0 if it is refused. Each
@@ -316,6 +317,12 @@ static void amx_gemm_acc16(int m, int n, int dp, const uint16_t *p16, const uint
  *                           element (k%32)/2 * 32 + (c%16) * 2 + k%2
  *   P's parts (A of P V):   tile (strip r/16, keys k/32) at (r/16 * 2 + k/32) * 512,
  *                           element (r%16) * 32 + k%32
+ * and for the backward's reductions over queries, dV^T += dO^T P and dK^T += Q^T dS (C kept
+ * transposed, [dp][64], so that queries lie along A's rows, as in the bf16 backward):
+ *   rowsT3 (Q^T, dO^T, A):  tile (dims d/16, queries r/32) at (d/16 * 2 + r/32) * 512,
+ *                           element (d%16) * 32 + r%32
+ *   qpair3 (P, dS, B):      tile (keys k/16, queries r/32) at (k/16 * 2 + r/32) * 512,
+ *                           element (r%32)/2 * 32 + (k%16) * 2 + r%2
  */
 
 enum { TILE = 512 }; /* bf16 elements of one 16 x 32 tile */
@@ -547,6 +554,66 @@ static void amx_gemm_acc3(int m, int n, int dp, const float *p, const uint16_t *
             amx_x3_tiles(s, g, nk, p3_buf, 2, vpair3, 2, ppart, vpart, c, dp, 1, 0);
 }
 
+/* rowsT3 from float rows src[m][dp] (Q or dO of a query block), transposed: dims along the
+ * tile rows, queries along the columns, zero at queries m..64. Once per query block, so a
+ * gather per 16 queries of a dim is cheap enough. */
+static void amx_split3_rowsT(uint16_t *dst, const float *src, int m, int dp)
+{
+    const ptrdiff_t part = (ptrdiff_t)FLASHC_CPU_BLOCK_M * dp;
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(dp));
+    for (int r = 0; r < FLASHC_CPU_BLOCK_M; r += 16) {
+        const int left = m - r;
+        const __mmask16 live = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        for (int d = 0; d < dp; d++) {
+            __m256i h0, h1, h2;
+            const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx,
+                                                      src + (ptrdiff_t)r * dp + d, 4);
+            split3_safe(x, &h0, &h1, &h2);
+            store3(dst + ((d / 16) * 2 + r / 32) * TILE + (d % 16) * 32 + r % 32, part, h0, h1,
+                   h2);
+        }
+    }
+}
+
+/* qpair3 from a score block (P or dS) [m][0:n] (row stride 64), split as P is for P V:
+ * zero at rows m up to the next 32 and columns n..64. */
+static void amx_split3_qpair(uint16_t *dst, const float *p, int m, int n)
+{
+    const ptrdiff_t part = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    const int rows = (m + 31) / 32 * 32;
+    __mmask16 keep[4];
+    for (int v = 0; v < 4; v++) {
+        const int left = n - 16 * v;
+        keep[v] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    for (int r = 0; r < rows; r += 2) {
+        const float *p0 = p + r * FLASHC_CPU_BLOCK_N, *p1 = p0 + FLASHC_CPU_BLOCK_N;
+        for (int v = 0; v < 4; v++) {
+            __m256i a[3], b[3];
+            split3_fast(_mm512_maskz_load_ps(r < m ? keep[v] : 0, p0 + 16 * v), &a[0], &a[1],
+                        &a[2]);
+            split3_fast(_mm512_maskz_load_ps(r + 1 < m ? keep[v] : 0, p1 + 16 * v), &b[0], &b[1],
+                        &b[2]);
+            store3_pairs(dst + (v * 2 + r / 32) * TILE + (r % 32) / 2 * 32, part, a, b);
+        }
+    }
+}
+
+/* C^T[dp][64] += A^T[dp][0:m] B[0:m][64]: A from rowsT3, B from qpair3, both zero past
+ * query m up to the next 32. */
+static void amx_gemm_tn_acc3(int m, int dp, const uint16_t *at3, const uint16_t *b3, float *ct)
+{
+    amx_configure();
+    const int nk = (m + 31) / 32;
+    const ptrdiff_t apart = (ptrdiff_t)FLASHC_CPU_BLOCK_M * dp;
+    const ptrdiff_t bpart = FLASHC_CPU_BLOCK_M * FLASHC_CPU_BLOCK_N;
+    for (int s = 0; s < dp / 16; s += 2)
+        for (int g = 0; g < 4; g += 2)
+            amx_x3_tiles(s, g, nk, at3, 2, b3, 2, apart, bpart, ct, FLASHC_CPU_BLOCK_N, 1, 1);
+}
+
 /* The rest is the AVX-512 set's, called through its table. */
 static void amx_gemm_panel(int m, int k, const float *a, ptrdiff_t lda, const float *panel,
                            float *c)
@@ -655,6 +722,9 @@ const flashc_cpu_kernels flashc_cpu_kernels_amx = {
     .split3_vpair = amx_split3_vpair,
     .gemm_panel3 = amx_gemm_panel3,
     .gemm_acc3 = amx_gemm_acc3,
+    .split3_rowsT = amx_split3_rowsT,
+    .split3_qpair = amx_split3_qpair,
+    .gemm_tn_acc3 = amx_gemm_tn_acc3,
     .decode_qk = amx_decode_qk,
     .decode_qk16 = amx_decode_qk16,
     .decode_pv = amx_decode_pv,
