@@ -380,6 +380,8 @@ static bwd_scratch carve(const backward_job *job, int thread, size_t dkdv_rows)
     w.do16 = (uint16_t *)(p += blk16);
     w.qt16 = (uint16_t *)(p += blk16);
     w.dot16 = (uint16_t *)(p += blk16);
+    /* pp16, dsp16 and ds16 are contiguous, 3 x 64 x 64 bf16: the split path's qpair3 (three
+     * parts of a 64 x 64 score block, split3_qpair) is written from pp16 across all three */
     w.pp16 = (uint16_t *)(p += blk16);
     w.dsp16 = (uint16_t *)(p += sc16);
     w.ds16 = (uint16_t *)(p += sc16);
