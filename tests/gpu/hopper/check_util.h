@@ -5,7 +5,7 @@
  * arrives) is reported as HANG and the program exits 3, instead of hanging the run. The limit
  * is 30 s, or FLASHC_HANG_SECONDS: under compute-sanitizer's racecheck every shared-memory
  * access is instrumented and a kernel that takes milliseconds can take minutes. Also a
- * parallel for over all cores, for the float64 references.
+ * parallel for over all cores, for the float64 references, and a filter of the timed shapes.
  */
 #ifndef FLASHC_TESTS_CHECK_UTIL_H
 #define FLASHC_TESTS_CHECK_UTIL_H
@@ -29,6 +29,20 @@
             exit(2);                                                                        \
         }                                                                                   \
     } while (0)
+
+/* FC_BENCH_SHAPE="bf16,128,0,4096" (dtype, head dim, causal, seqlen) keeps the timing part to
+ * that one shape and drops the feature timings, so a profiler sees few launches. */
+static int bench_shape_skipped(int bf16, int d, int causal, int seqlen)
+{
+    const char *f = getenv("FC_BENCH_SHAPE");
+    if (!f || !*f) return 0;
+    char dt[8];
+    int fd, fc, fs;
+    if (sscanf(f, "%7[^,],%d,%d,%d", dt, &fd, &fc, &fs) != 4) return 0;
+    return strcmp(dt, bf16 ? "bf16" : "fp16") || fd != d || fc != causal || fs != seqlen;
+}
+
+static int bench_features_skipped(void) { return getenv("FC_BENCH_SHAPE") && *getenv("FC_BENCH_SHAPE"); }
 
 static uint16_t to16(float x, int bf16)
 {
