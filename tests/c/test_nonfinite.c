@@ -235,6 +235,14 @@ static const attn_case attn_cases[] = {
      {{'q', 0, 0, 5, NAN}, {'q', 99, 1, 0, NAN}}, 0, 1},
     {"visible K NaN window", 100, 120, 2, 1, 64, FLASHC_CAUSAL_NONE, 10, 10, 0, {0}, {0},
      {{'k', 50, 0, 5, NAN}}, 0, 1},
+    /* head dim 128, where the float32 backward's gradient products take the split bf16 tiles
+     * on AMX: the blocks of rows that see no bad key take them (and must stay finite), the
+     * blocks holding a NaN or inf in K or V, or rows whose O and so delta are not finite, keep
+     * the float32 kernels (an inf in delta or dS would turn into NaN through a split) */
+    {"causal V NaN inf d128", 200, 200, 2, 1, 128, BR, -1, -1, 0, {0}, {0},
+     {{'v', 150, 0, 7, NAN}, {'v', 170, 0, 100, INFINITY}, {'v', 199, 0, 0, -INFINITY}}, 1, 1},
+    {"causal K NaN d128", 200, 200, 2, 1, 128, BR, -1, -1, 0, {0}, {0},
+     {{'k', 140, 0, 64, NAN}}, 0, 1},
     /* more than 256 keys: past a row's first softmax step the bf16 path takes P against the
      * row's kept max in one pass, and a second pass where the max passes it by more than 8 */
     {"long rows K NaN", 70, 600, 2, 2, 64, FLASHC_CAUSAL_NONE, -1, -1, 0, {0}, {0},
