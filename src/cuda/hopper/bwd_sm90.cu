@@ -86,6 +86,18 @@
 #define SM90B_BAR_DQ_FULL0 7
 #define SM90B_BAR_DQ_EMPTY0 11
 
+/* d64: the consumers keep their K and V rows in registers as wgmma A fragments (S^T and dP^T
+ * register-sourced) instead of reading them from shared memory for every query block. */
+#ifndef FC_SM90B_KV_REGS
+#define FC_SM90B_KV_REGS 0
+#endif
+
+/* dS^T goes to shared memory through transposing stmatrix (four 8 x 8 matrices per
+ * instruction) instead of one 16-bit store per element. */
+#ifndef FC_SM90B_DS_STSM
+#define FC_SM90B_DS_STSM 0
+#endif
+
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
 
@@ -258,6 +270,33 @@ static __device__ __forceinline__ void sm90b_issue_kt(float (&d)[BM / 2], uint32
         const uint64_t db = sm90_desc_kmajor(b_tile + (kk >> 2) * (BM * 128) + koff);
         sm90_wgmma_ss<BM, BF16, 0>(d, da, db, kk > 0);
     }
+    sm90_wgmma_commit();
+}
+
+/* The A fragments of 64 rows of a [BN][64] tile (K or V, one 128-byte-swizzled panel) for
+ * the four k16 steps over its columns, in registers: fragment [kk][r] holds row 16 w + lane / 4
+ * + 8 (r & 1), columns 16 kk + 8 (r >> 1) + 2 (lane & 3) + {0, 1}, w = warp in the warpgroup. */
+static __device__ __forceinline__ void sm90b_load_a_frags(uint32_t (&f)[4][4], uint32_t rows, int warp, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * (warp & 3) + (lane >> 2) + 8 * (r & 1);
+            const int col = 16 * kk + 8 * (r >> 1) + 2 * (lane & 3);
+            f[kk][r] = sm90_ld_shared_b32(rows + row * 128 + ((((col >> 3) ^ (row & 7)) << 4) | ((col & 7) * 2)));
+        }
+}
+
+/* d64: issues d = A B^T over the head dim with A (64 rows of K or V) from registers and B the
+ * [BM][64] tile (Q or dO), K-major: the K, V halves are read from shared memory once per CTA
+ * instead of once per query block. */
+template <int BM, int BF16>
+static __device__ __forceinline__ void sm90b_issue_kt_rs(float (&d)[BM / 2], const uint32_t (&a)[4][4], uint32_t b_tile)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        sm90_wgmma_rs<BM, BF16, 0>(d, a[kk], sm90_desc_kmajor(b_tile + kk * 32), kk > 0);
     sm90_wgmma_commit();
 }
 
@@ -492,12 +531,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
         for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
 
+        /* d64: this consumer's K and V rows as wgmma A fragments, for the whole loop */
+        constexpr bool KV_REGS = D == 64 && FC_SM90B_KV_REGS;
+        uint32_t kfrag[4][4], vfrag[4][4];
         if (n_iter > 0) {
             sm90_mbar_wait(kv_full, 0);
             if (FEAT == 2 && n0 + BN > SM90B_LEN_K) {
                 sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
                 sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
                 sm90_bar_sync(SM90B_BAR_TAIL, 256);
+            }
+            if constexpr (KV_REGS) {
+                sm90b_load_a_frags(kfrag, sK + 64 * c * 128, warp, lane);
+                sm90b_load_a_frags(vfrag, sV + 64 * c * 128, warp, lane);
             }
             for (int it = 0; it < n_iter; it++) {
                 const int s = it % STAGES;
@@ -519,8 +565,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_bar_sync(SM90B_BAR_TAIL, 256);
                 }
                 sm90_wgmma_fence();
-                sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
-                sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                if constexpr (KV_REGS) {
+                    sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
+                    sm90b_issue_kt_rs<BM, BF16>(dp, vfrag, sdo_t);
+                } else {
+                    sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
+                    sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                }
                 sm90_fence_regs(sc);
                 sm90_fence_regs(dp);
                 sm90_wgmma_wait<1>(); /* S^T is in; dP^T may still run while P^T is computed */
@@ -655,7 +706,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #undef SM90B_HIDDEN
                 /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
                  * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
-                {
+                if constexpr (FC_SM90B_DS_STSM) {
+                    /* dsf[kk] holds four 8 x 8 matrices of dS^T: key half r & 1 of the warp's 16
+                     * keys, query octet 2 kk + (r >> 1); stored transposed, lane 8 i + r of the
+                     * warp addresses query row 16 kk + 8 (i >> 1) + r, keys 8 (i & 1) on */
+                    const uint32_t panel = sds + c * (BM * 128);
+                    const int mi = lane >> 3, key = (warp & 3) * 16 + 8 * (mi & 1);
+#pragma unroll
+                    for (int kk = 0; kk < BM / 16; kk++) {
+                        const int q = 16 * kk + 8 * (mi >> 1) + (lane & 7);
+                        sm90_stmatrix_x4_trans(panel + q * 128 + (((key >> 3) ^ (q & 7)) << 4), dsf[kk][0], dsf[kk][1],
+                                               dsf[kk][2], dsf[kk][3]);
+                    }
+                } else {
                     const uint32_t panel = sds + c * (BM * 128);
 #pragma unroll
                     for (int j = 0; j < BM / 2; j++) {

@@ -507,6 +507,24 @@ SM90_DEVICE float4 sm90_ld_shared_v4(uint32_t addr)
     return v;
 }
 
+/* One 32-bit load from shared memory (two 16-bit elements of an operand fragment). */
+SM90_DEVICE uint32_t sm90_ld_shared_b32(uint32_t addr)
+{
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+/* Four 8 x 8 matrices of 16-bit elements stored transposed: lane 4 r + w holds elements
+ * (r, 2 w), (r, 2 w + 1) of matrix i in register i (the accumulator's packed pairs), and lane
+ * 8 i + r gives the 16-byte row of shared memory that receives column r of matrix i. */
+SM90_DEVICE void sm90_stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 /* One 16-bit store to shared memory (a transposed write of an accumulator element). */
 SM90_DEVICE void sm90_st_shared_b16(uint32_t addr, uint16_t v)
 {
