@@ -301,13 +301,14 @@ void flashc_cpu_store_rows(flashc_tensor *t, const float *src, int ld, int64_t b
 
 /* ---- float32 on bf16 tiles ---- */
 
-/* Whether the forward may take a set's split float32 path (gemm_panel3 / gemm_acc3) for
- * float32 inputs: yes unless FLASHC_CPU_F32_SPLIT is "0", which keeps the float32 FMA kernels
- * (to compare the two, or to have the FMA kernels' exact rounding sequence). */
+/* Whether float32 inputs may take a set's split float32 path (gemm_panel3 / gemm_acc3 and
+ * the backward's split products): only where FLASHC_CPU_F32_SPLIT is "1". It is faster than
+ * the FMA kernels on some AMX parts and slower on others (docs/PERF.md), so it is asked for,
+ * not assumed. */
 static inline int flashc_cpu_split_f32_enabled(void)
 {
     const char *env = getenv("FLASHC_CPU_F32_SPLIT");
-    return !(env && env[0] == '0' && env[1] == 0);
+    return env && env[0] == '1' && env[1] == 0;
 }
 
 /* ---- non-finite K/V rows (cpu_nonfinite.c) ---- */

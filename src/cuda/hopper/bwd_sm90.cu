@@ -89,13 +89,13 @@
 /* d64: the consumers keep their K and V rows in registers as wgmma A fragments (S^T and dP^T
  * register-sourced) instead of reading them from shared memory for every query block. */
 #ifndef FC_SM90B_KV_REGS
-#define FC_SM90B_KV_REGS 0
+#define FC_SM90B_KV_REGS 1
 #endif
 
 /* dS^T goes to shared memory through transposing stmatrix (four 8 x 8 matrices per
  * instruction) instead of one 16-bit store per element. */
 #ifndef FC_SM90B_DS_STSM
-#define FC_SM90B_DS_STSM 0
+#define FC_SM90B_DS_STSM 1
 #endif
 
 /* Query rows per block (for every head dim, so far). */
