@@ -98,6 +98,13 @@
 #define FC_SM90B_DS_STSM 1
 #endif
 
+/* d128, outside deterministic mode: each consumer stores its dQ unit in shared memory and a
+ * second producer warp adds it into the accumulator with one bulk reduction (16 KB), instead
+ * of the consumer's 32 reductions per thread, whose source registers held up the next block. */
+#ifndef FC_SM90B_DQ_BULK
+#define FC_SM90B_DQ_BULK 1
+#endif
+
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
 
@@ -185,11 +192,14 @@ struct sm90_bwd_layout {
     static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QT_BYTES;
     static constexpr uint32_t DS_OFF = DO_OFF + STAGES * QT_BYTES;
     /* d64: two buffers of consumer 0's partial dQ (64 x 64 fp32, fragment order) */
-    static constexpr uint32_t DQ_BYTES = D == 64 ? BM * D * 4 : 0;
+    /* d128 with FC_SM90B_DQ_BULK: the two consumers' dQ units (64 x 64 fp32 each, fragment
+     * order), read by the bulk reductions */
+    static constexpr uint32_t DQ_BYTES = D == 64 || FC_SM90B_DQ_BULK ? BM * 64 * 4 : 0;
     static constexpr uint32_t DQ_OFF = DS_OFF + 2 * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
-    static constexpr uint32_t BARS = 1 + 2 * STAGES;
+    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2] */
+    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4;
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
     static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
 };
@@ -394,6 +404,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const uint32_t sbase = sm90_smem_addr(smem);
     uint64_t *bars = (uint64_t *)(smem + L::BAR_OFF);
     uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 1 + STAGES;
+    uint64_t *dq_full = bars + 1 + 2 * STAGES, *dq_empty = dq_full + 2;
+    /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
+     * whose adders take turns on a semaphore) */
+    const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK && !p.deterministic;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y / p.hsplit, b = blockIdx.z;
@@ -458,6 +472,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
              * itself, so each must order its own reads before the refill. */
             sm90_mbar_init(&q_empty[s], 256);
         }
+        for (int u = 0; u < 2; u++) {
+            sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u, after its stores */
+            sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
+        }
         sm90_mbar_init_fence();
     }
     __syncthreads();
@@ -495,6 +513,20 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_bulk_load(svec + BM * 4, p.delta + row, BM * 4, &q_full[s]);
                 if (++s == STAGES) s = 0, ph ^= 1;
             }
+        } else if (dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
+            /* the dQ units of each (query head, query block), as the consumers hand them over */
+            for (int it = 0; it < n_iter; it++) {
+                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
+                float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D;
+                for (int u = 0; u < 2; u++) {
+                    sm90_mbar_wait(&dq_full[u], it & 1);
+                    sm90_bulk_reduce_add_f32(acc + u * 4096, sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
+                }
+                sm90_bulk_commit();
+                sm90_bulk_wait_read();
+                for (int u = 0; u < 2; u++) sm90_mbar_arrive(&dq_empty[u]);
+            }
+            sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
         }
     } else {
         /* ---------------- consumers ---------------- */
@@ -789,7 +821,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                                       it + 2 < n_iter);
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
                  * fragment order */
-                if (D == 128 || c == 1) SM90B_ADD_DQ(dqa, unit);
+                if (dq_bulk) {
+                    /* unit c into its shared-memory buffer once the reduction of the last one
+                     * has read it, then handed to the reducing warp */
+                    const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;
+                    if (it > 0) sm90_mbar_wait(&dq_empty[c], (it - 1) & 1);
+#pragma unroll
+                    for (int g = 0; g < 8; g++)
+                        sm90_st_shared_v4(buf + g * 2048, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]);
+                    sm90_fence_proxy_async();
+                    sm90_mbar_arrive(&dq_full[c]);
+                } else if (D == 128 || c == 1) {
+                    SM90B_ADD_DQ(dqa, unit);
+                }
                 if constexpr (DQ_FIRST) {
                     sm90_wgmma_wait<0>();
                     sm90_fence_regs(dv);

@@ -465,6 +465,17 @@ SM90_DEVICE void sm90_bulk_load(uint32_t dst, const void *src, uint32_t bytes, u
                  : "memory");
 }
 
+/* Adds bytes (a multiple of 16; both addresses 16-byte aligned) of float32 shared memory into
+ * contiguous global memory, element by element, as one asynchronous bulk reduction of this
+ * thread's bulk group: the backward's dQ units, handed over by the consumers. */
+SM90_DEVICE void sm90_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                     (uint64_t)dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+
 /* Two fp32 additions into 8 contiguous, 8-byte aligned bytes of global memory, one
  * reduction instruction (sm_90): a split GQA group's dK and dV, with no value returned. */
 SM90_DEVICE void sm90_red_add_v2(float *p, float a, float b)
