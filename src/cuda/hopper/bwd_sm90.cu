@@ -13,23 +13,27 @@
  *      warpgroup 0, producer (setmaxnreg.dec 24): one elected thread loads K and V of the
  *        block once, then for every query head of the kv head's group and every query block
  *        i that sees a key of the block, Q_i and dO_i (TMA, 128-byte swizzle) and lse2_i,
- *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers.
+ *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers. At
+ *        d128 outside deterministic mode a second elected thread (warp 1) adds the
+ *        consumers' dQ units, handed over in shared memory, into the fp32 accumulator with
+ *        one bulk reduction (cp.reduce.async.bulk .add.f32) each.
  *      warpgroups 1 and 2, consumers (setmaxnreg.inc 240): consumer c owns keys
  *        [64c, 64c + 64) of the block and keeps their dK and dV in fp32 registers for the
  *        whole loop. Per query block (BM rows), with keys on the wgmma M side ("swapped"):
- *            S^T  = K_c Q^T                    wgmma SS, both K-major
- *            dP^T = V_c dO^T                   wgmma SS, both K-major
+ *            S^T  = K_c Q^T                    wgmma SS, both K-major (d64: RS, K_c's A
+ *            dP^T = V_c dO^T                   fragments loaded into registers once per CTA)
  *            P^T  = exp2(S^T scale log2e - lse2)   (masked entries set to 0)
  *            dS^T = P^T (dP^T - delta)
  *            dV  += P^T dO                      wgmma RS: P^T from registers, dO MN-major
  *            dK  += dS^T Q                      wgmma RS: dS^T from registers, Q MN-major
- *            dS -> shared memory, transposed (query rows, K-major), both consumers' halves
+ *            dS -> shared memory, transposed by stmatrix (query rows, K-major), both halves
  *            dQ_unit = dS K                     wgmma SS, dS K-major, K MN-major
- *        and the dQ unit (64 x 64 fp32, see below) is added into the fp32 accumulator with
- *        red.global.add.v4.f32, in the accumulator-fragment order (thread t's registers 4g..4g+3 at float 512 g + 4 t), so
- *        that a warp's reductions cover 512 contiguous bytes. In deterministic mode a
- *        semaphore per (batch, query head, query block, unit) makes the key blocks add in
- *        ascending order.
+ *        and the dQ unit (64 x 64 fp32, see below) is added into the fp32 accumulator in the
+ *        accumulator-fragment order (thread t's registers 4g..4g+3 at float 512 g + 4 t):
+ *        with red.global.add.v4.f32 from the registers, a warp's reductions covering 512
+ *        contiguous bytes, or (d128, not deterministic) through shared memory and the
+ *        producer's bulk reduction. In deterministic mode a semaphore per (batch, query head,
+ *        query block, unit) makes the key blocks add in ascending order.
  *      The S and dP accumulators of a row that sees no key, or of a key past seqlen_k (TMA
  *      zero-fills rows outside the tensor), give P = 0 and so contribute nothing. dK is
  *      scaled by the softmax scale in the epilogue; dK and dV are stored directly (rows past
@@ -191,9 +195,8 @@ struct sm90_bwd_layout {
     static constexpr uint32_t Q_OFF = 2 * KV_BYTES;
     static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QT_BYTES;
     static constexpr uint32_t DS_OFF = DO_OFF + STAGES * QT_BYTES;
-    /* d64: two buffers of consumer 0's partial dQ (64 x 64 fp32, fragment order) */
-    /* d128 with FC_SM90B_DQ_BULK: the two consumers' dQ units (64 x 64 fp32 each, fragment
-     * order), read by the bulk reductions */
+    /* 64 x 64 fp32 dQ buffers in fragment order: d64, two of consumer 0's partial dQ; d128
+     * with FC_SM90B_DQ_BULK, one per consumer's unit, read by the bulk reductions */
     static constexpr uint32_t DQ_BYTES = D == 64 || FC_SM90B_DQ_BULK ? BM * 64 * 4 : 0;
     static constexpr uint32_t DQ_OFF = DS_OFF + 2 * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
