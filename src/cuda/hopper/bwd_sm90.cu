@@ -109,6 +109,18 @@
 #define FC_SM90B_DQ_BULK 1
 #endif
 
+/* d128: the consumers run up to a block apart. From the second block on, each block's dQ unit
+ * is computed one block later, once the other consumer's half of that block's dS is in (an
+ * mbarrier per consumer and dS buffer, and one for "read", in place of the named barrier on
+ * which both consumers met every block), so that one consumer's exponentials can run beside
+ * the other's products. The first block's unit is computed in its own iteration (the
+ * consumers meet once) and its product repeated, unused, in the second, so that every
+ * iteration issues the same products (a product under a run-time condition serializes them).
+ * Off by default until the GPU suite has run with it. */
+#ifndef FC_SM90B_DS_LAG
+#define FC_SM90B_DS_LAG 0
+#endif
+
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
 
@@ -201,8 +213,9 @@ struct sm90_bwd_layout {
     static constexpr uint32_t DQ_OFF = DS_OFF + 2 * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
-    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2] */
-    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4;
+    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with
+     * FC_SM90B_DS_LAG: ds_full[consumer][buffer], ds_read[consumer][buffer] */
+    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (D == 128 && FC_SM90B_DS_LAG ? 8 : 0);
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
     static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
 };
@@ -408,6 +421,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *bars = (uint64_t *)(smem + L::BAR_OFF);
     uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 1 + STAGES;
     uint64_t *dq_full = bars + 1 + 2 * STAGES, *dq_empty = dq_full + 2;
+    uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 4; /* [consumer * 2 + buffer] */
+    constexpr bool LAG = D == 128 && FC_SM90B_DS_LAG;
     /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
      * whose adders take turns on a semaphore) */
     const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK && !p.deterministic;
@@ -479,6 +494,11 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u, after its stores */
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
+        if constexpr (LAG)
+            for (int i = 0; i < 4; i++) {
+                sm90_mbar_init(&ds_full[i], 128); /* consumer i / 2's half of buffer i % 2 written */
+                sm90_mbar_init(&ds_read[i], 128); /* consumer i / 2 done reading buffer i % 2 */
+            }
         sm90_mbar_init_fence();
     }
     __syncthreads();
@@ -565,6 +585,38 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         float dv[D / 2], dk[D / 2];
 #pragma unroll
         for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
+        /* This consumer's dQ unit into dqa (an array of the expanding scope) over the dS buffer
+         * at buf_, one commit group. */
+#define SM90B_ISSUE_DQ(buf_)                                                                          \
+    do {                                                                                              \
+        const uint32_t dsb_ = (buf_);                                                                 \
+        _Pragma("unroll") for (int k_ = 0; k_ < KQ; k_++) {                                           \
+            const int kk_ = D == 128 ? k_ : 4 * c + k_; /* 16-key step within the block */            \
+            const uint64_t da_ = sm90_desc_kmajor(dsb_ + (kk_ >> 2) * (BM * 128) + (kk_ & 3) * 32);    \
+            const uint64_t db_ = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk_ * 16 * 128, BN * 128);   \
+            sm90_wgmma_ss<64, BF16, 1>(dqa, da_, db_, k_ > 0);                                        \
+        }                                                                                             \
+        sm90_wgmma_commit();                                                                          \
+    } while (0)
+        /* dqa, the dQ unit of the CTA's j_-th (query head qh_, query block row m0_), into the
+         * accumulator: through shared memory and the reducing warp (dq_bulk: unit c into its
+         * buffer once the reduction of the one before has read it), or by reductions from the
+         * registers. */
+#define SM90B_ADD_DQ_UNIT(j_, qh_, m0_)                                                               \
+    do {                                                                                              \
+        const int j = (j_), qh_n_ = (qh_), m0_n_ = (m0_);                                             \
+        const int qh = qh_n_, m0 = m0_n_;                                                             \
+        if (dq_bulk) {                                                                                \
+            const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;                        \
+            if (j > 0) sm90_mbar_wait(&dq_empty[c], (j - 1) & 1);                                     \
+            _Pragma("unroll") for (int g = 0; g < 8; g++)                                             \
+                sm90_st_shared_v4(buf + g * 2048, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]); \
+            sm90_fence_proxy_async();                                                                 \
+            sm90_mbar_arrive(&dq_full[c]);                                                            \
+        } else if (D == 128 || c == 1) {                                                              \
+            SM90B_ADD_DQ(dqa, unit);                                                                  \
+        }                                                                                             \
+    } while (0)
 
         /* d64: this consumer's K and V rows as wgmma A fragments, for the whole loop */
         constexpr bool KV_REGS = D == 64 && FC_SM90B_KV_REGS;
@@ -741,6 +793,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #undef SM90B_HIDDEN
                 /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
                  * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
+                if (LAG && it >= 2) /* the other consumer's dQ product has read this buffer */
+                    sm90_mbar_wait(&ds_read[(1 - c) * 2 + (it & 1)], ((it - 2) >> 1) & 1);
                 if constexpr (FC_SM90B_DS_STSM) {
                     /* dsf[kk] holds four 8 x 8 matrices of dS^T: key half r & 1 of the warp's 16
                      * keys, query octet 2 kk + (r >> 1); stored transposed, lane 8 i + r of the
@@ -768,7 +822,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* d128: both halves of dS are in; d64: this consumer's is, and the two
                  * consumers stay free of each other, so one's exponentials can run beside the
                  * other's products */
-                if constexpr (D == 128)
+                /* LAG: the unit of block dq_blk (the first block in iterations 0 and 1, then
+                 * the block before) comes next; wait for the other consumer's half of its dS
+                 * here, before this block's products are in flight */
+                const int dq_blk = LAG && it > 0 ? it - 1 : it;
+                if constexpr (LAG) {
+                    sm90_mbar_arrive(&ds_full[c * 2 + (it & 1)]);
+                    sm90_mbar_wait(&ds_full[(1 - c) * 2 + (dq_blk & 1)], (dq_blk >> 1) & 1);
+                } else if constexpr (D == 128)
                     sm90_bar_sync(SM90B_BAR_DS, 256);
                 else
                     sm90_bar_sync(SM90B_BAR_DS_OWN0 + c, 128);
@@ -786,14 +847,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
                     sm90_wgmma_commit();
                 }
-#pragma unroll
-                for (int k = 0; k < KQ; k++) {
-                    const int kk = D == 128 ? k : 4 * c + k; /* 16-key step within the block */
-                    const uint64_t da = sm90_desc_kmajor(sds + (kk >> 2) * (BM * 128) + (kk & 3) * 32);
-                    const uint64_t db = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk * 16 * 128, BN * 128);
-                    sm90_wgmma_ss<64, BF16, 1>(dqa, da, db, k > 0);
-                }
-                sm90_wgmma_commit();
+                SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk & 1) * L::DS_BYTES : sds);
                 if constexpr (DQ_FIRST) {
                     sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
                     sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
@@ -811,6 +865,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_fence_regs(dv);
                     sm90_fence_regs(dk);
                     sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+                    if (LAG && it > 0) sm90_mbar_arrive(&ds_read[c * 2 + (dq_blk & 1)]);
                 }
                 sm90_fence_regs(dqa);
 
@@ -823,26 +878,26 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90b_dq_pair_sum(dqa, sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16, c, it & 1, it >= 2,
                                       it + 2 < n_iter);
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
-                 * fragment order */
-                if (dq_bulk) {
-                    /* unit c into its shared-memory buffer once the reduction of the last one
-                     * has read it, then handed to the reducing warp */
-                    const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;
-                    if (it > 0) sm90_mbar_wait(&dq_empty[c], (it - 1) & 1);
-#pragma unroll
-                    for (int g = 0; g < 8; g++)
-                        sm90_st_shared_v4(buf + g * 2048, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]);
-                    sm90_fence_proxy_async();
-                    sm90_mbar_arrive(&dq_full[c]);
-                } else if (D == 128 || c == 1) {
-                    SM90B_ADD_DQ(dqa, unit);
-                }
+                 * fragment order (LAG: not the repeated product of iteration 1) */
+                if (!LAG || it != 1)
+                    SM90B_ADD_DQ_UNIT(dq_blk, LAG ? qh0 + dq_blk / nm : qh, LAG ? (m_min + dq_blk % nm) * BM : m0);
                 if constexpr (DQ_FIRST) {
                     sm90_wgmma_wait<0>();
                     sm90_fence_regs(dv);
                     sm90_fence_regs(dk);
                     sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
                 }
+            }
+            if constexpr (LAG) { /* the last block's unit (with one block, a repeat, unused) */
+                const int last = n_iter - 1;
+                float dqa[32];
+                sm90_mbar_wait(&ds_full[(1 - c) * 2 + (last & 1)], (last >> 1) & 1);
+                sm90_wgmma_fence();
+                SM90B_ISSUE_DQ(sbase + L::DS_OFF + (last & 1) * L::DS_BYTES);
+                sm90_fence_regs(dqa);
+                sm90_wgmma_wait<0>();
+                sm90_fence_regs(dqa);
+                if (last > 0) SM90B_ADD_DQ_UNIT(last, qh0 + last / nm, (m_min + last % nm) * BM);
             }
         }
 
@@ -870,6 +925,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }
     }
 #undef SM90B_ADD_DQ
+#undef SM90B_ISSUE_DQ
+#undef SM90B_ADD_DQ_UNIT
 #undef SM90B_WS_ROW
 #undef SM90B_OFF
 #undef SM90B_LEN_Q
