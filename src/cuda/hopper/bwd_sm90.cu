@@ -339,6 +339,14 @@ static __device__ __forceinline__ void sm90b_issue_rs(float (&acc)[D / 2], const
     }
 }
 
+/* A thread's 32 registers of a dQ unit into its shared-memory buffer in fragment order (its
+ * registers 4g..4g+3 at buf + 2048 g bytes; buf is the buffer plus 16 t for thread t). */
+static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[32], uint32_t buf)
+{
+#pragma unroll
+    for (int g = 0; g < 8; g++) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+}
+
 /* d64: the partial dQ of two consumers that each ran over their own 64 keys, summed in shared
  * memory at buf (this thread's floats, 16 bytes apart per 4 registers; buffer b = it & 1 of
  * the caller): consumer 0 stores its registers, consumer 1 adds them into its own. Thread t of
@@ -350,8 +358,7 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[32], uint32_
 {
     if (c == 0) {
         if (wait_empty) sm90_bar_sync(SM90B_BAR_DQ_EMPTY0 + b, 256);
-#pragma unroll
-        for (int g = 0; g < 8; g++) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+        sm90b_store_dq(d, buf);
         sm90_bar_arrive(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
     } else {
         sm90_bar_sync(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
@@ -609,8 +616,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         if (dq_bulk) {                                                                                \
             const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;                        \
             if (j > 0) sm90_mbar_wait(&dq_empty[c], (j - 1) & 1);                                     \
-            _Pragma("unroll") for (int g = 0; g < 8; g++)                                             \
-                sm90_st_shared_v4(buf + g * 2048, dqa[4 * g], dqa[4 * g + 1], dqa[4 * g + 2], dqa[4 * g + 3]); \
+            sm90b_store_dq(dqa, buf);                                                                 \
             sm90_fence_proxy_async();                                                                 \
             sm90_mbar_arrive(&dq_full[c]);                                                            \
         } else if (D == 128 || c == 1) {                                                              \
