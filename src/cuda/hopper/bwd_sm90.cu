@@ -89,6 +89,8 @@
  * it in buffer b, 11 + b hands buffer b back. */
 #define SM90B_BAR_DQ_FULL0 7
 #define SM90B_BAR_DQ_EMPTY0 11
+/* d128 with FC_SM90B_PINGPONG: 13 + c, consumer c's turn on the tensor cores */
+#define SM90B_BAR_TURN0 13
 
 /* d64: the consumers keep their K and V rows in registers as wgmma A fragments (S^T and dP^T
  * register-sourced) instead of reading them from shared memory for every query block. */
@@ -109,16 +111,28 @@
 #define FC_SM90B_DQ_BULK 1
 #endif
 
-/* d128: the consumers run up to a block apart. From the second block on, each block's dQ unit
- * is computed one block later, once the other consumer's half of that block's dS is in (an
- * mbarrier per consumer and dS buffer, and one for "read", in place of the named barrier on
- * which both consumers met every block), so that one consumer's exponentials can run beside
- * the other's products. The first block's unit is computed in its own iteration (the
- * consumers meet once) and its product repeated, unused, in the second, so that every
- * iteration issues the same products (a product under a run-time condition serializes them).
- * Off by default until the GPU suite has run with it. */
+/* d128: the consumers may run apart. Each block's dQ unit is computed LAG (1 or 2) blocks
+ * later, once the other consumer's half of that block's dS is in (an mbarrier per consumer
+ * and dS buffer, and one for "read", in place of the named barrier on which both consumers
+ * meet every block), so that one consumer's exponentials can run beside the other's
+ * products. The first LAG iterations issue the first block's unit, unused, so that every
+ * iteration issues the same products (a product under a run-time condition serializes them);
+ * the last LAG units follow the loop. dS then needs LAG + 1 buffers.
+ *
+ * With a lag of 2 the consumers can also take turns on the tensor cores (two named barriers,
+ * "ping-pong"), a turn being one block's dV, dK and dQ products and the next block's S^T and
+ * dP^T, so that one consumer's exponentials run while the other's products hold the tensor
+ * cores rather than at the same time (a lag of 1 does not allow it: the leader's dQ unit
+ * would wait for the dS the follower computes during the leader's turn).
+ *
+ * Measured (docs/PERF.md), both off: a lag of 1 gains 2-5% on causal rows and loses 4-6% on
+ * non-causal ones; the turns lose 5-8% in the plain kernel and 15% in deterministic mode, and
+ * gain 0-5% in the feature kernels (more work per score between the products). */
 #ifndef FC_SM90B_DS_LAG
 #define FC_SM90B_DS_LAG 0
+#endif
+#ifndef FC_SM90B_PINGPONG
+#define FC_SM90B_PINGPONG 0
 #endif
 
 /* Query rows per block (for every head dim, so far). */
@@ -210,14 +224,18 @@ struct sm90_bwd_layout {
     /* 64 x 64 fp32 dQ buffers in fragment order: d64, two of consumer 0's partial dQ; d128
      * with FC_SM90B_DQ_BULK, one per consumer's unit, read by the bulk reductions */
     static constexpr uint32_t DQ_BYTES = D == 64 || FC_SM90B_DQ_BULK ? BM * 64 * 4 : 0;
-    static constexpr uint32_t DQ_OFF = DS_OFF + 2 * DS_BYTES;
+    static constexpr int LAG = D == 128 ? FC_SM90B_DS_LAG : 0;
+    static constexpr int DS_BUFS = LAG ? LAG + 1 : 2;
+    static_assert(LAG >= 0 && LAG <= 2, "lag");
+    static constexpr uint32_t DQ_OFF = DS_OFF + DS_BUFS * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
     /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with
-     * FC_SM90B_DS_LAG: ds_full[consumer][buffer], ds_read[consumer][buffer] */
-    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (D == 128 && FC_SM90B_DS_LAG ? 8 : 0);
+     * with a lag: ds_full[consumer][buffer], ds_read[consumer][buffer] */
+    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0);
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
     static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
+    static_assert(TOTAL <= 232448, "more shared memory than an sm_90 block may have");
 };
 
 /* ---- 1. pre-pass ----------------------------------------------------------------------------- */
@@ -428,8 +446,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *bars = (uint64_t *)(smem + L::BAR_OFF);
     uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 1 + STAGES;
     uint64_t *dq_full = bars + 1 + 2 * STAGES, *dq_empty = dq_full + 2;
-    uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 4; /* [consumer * 2 + buffer] */
-    constexpr bool LAG = D == 128 && FC_SM90B_DS_LAG;
+    constexpr int LAG = L::LAG, NDS = L::DS_BUFS;
+    /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
+    constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && FEAT != 2;
+    uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
      * whose adders take turns on a semaphore) */
     const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK && !p.deterministic;
@@ -501,10 +521,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u, after its stores */
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
-        if constexpr (LAG)
-            for (int i = 0; i < 4; i++) {
-                sm90_mbar_init(&ds_full[i], 128); /* consumer i / 2's half of buffer i % 2 written */
-                sm90_mbar_init(&ds_read[i], 128); /* consumer i / 2 done reading buffer i % 2 */
+        if constexpr (LAG > 0)
+            for (int i = 0; i < 2 * NDS; i++) {
+                sm90_mbar_init(&ds_full[i], 128); /* consumer i / NDS's half of buffer i % NDS written */
+                sm90_mbar_init(&ds_read[i], 128); /* consumer i / NDS done reading buffer i % NDS */
             }
         sm90_mbar_init_fence();
     }
@@ -645,7 +665,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
                 const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
-                const uint32_t sds = sbase + L::DS_OFF + (it & 1) * L::DS_BYTES;
+                const uint32_t sds = sbase + L::DS_OFF + ((uint32_t)it % NDS) * L::DS_BYTES;
 
                 float sc[BM / 2], dp[BM / 2];
                 /* the slope of this query head, read before the GEMMs hide its latency */
@@ -657,6 +677,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_zero_tile_rows<PANELS>(sdo_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
                     sm90_bar_sync(SM90B_BAR_TAIL, 256);
                 }
+                /* ping-pong: consumer 1's first turn follows consumer 0's first products */
+                if (PINGPONG && c == 1 && it == 0) sm90_bar_sync(SM90B_BAR_TURN0 + 1, 256);
                 sm90_wgmma_fence();
                 if constexpr (KV_REGS) {
                     sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
@@ -667,6 +689,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 sm90_fence_regs(sc);
                 sm90_fence_regs(dp);
+                if (PINGPONG) sm90_bar_arrive(SM90B_BAR_TURN0 + 1 - c, 256); /* the other's turn */
                 sm90_wgmma_wait<1>(); /* S^T is in; dP^T may still run while P^T is computed */
                 sm90_fence_regs(sc);
 
@@ -799,8 +822,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #undef SM90B_HIDDEN
                 /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
                  * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
-                if (LAG && it >= 2) /* the other consumer's dQ product has read this buffer */
-                    sm90_mbar_wait(&ds_read[(1 - c) * 2 + (it & 1)], ((it - 2) >> 1) & 1);
+                if (LAG && it >= NDS) /* the other consumer's dQ product has read this buffer */
+                    sm90_mbar_wait(&ds_read[(1 - c) * NDS + it % NDS], ((it - NDS) / NDS) & 1);
                 if constexpr (FC_SM90B_DS_STSM) {
                     /* dsf[kk] holds four 8 x 8 matrices of dS^T: key half r & 1 of the warp's 16
                      * keys, query octet 2 kk + (r >> 1); stored transposed, lane 8 i + r of the
@@ -828,13 +851,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* d128: both halves of dS are in; d64: this consumer's is, and the two
                  * consumers stay free of each other, so one's exponentials can run beside the
                  * other's products */
-                /* LAG: the unit of block dq_blk (the first block in iterations 0 and 1, then
-                 * the block before) comes next; wait for the other consumer's half of its dS
-                 * here, before this block's products are in flight */
-                const int dq_blk = LAG && it > 0 ? it - 1 : it;
-                if constexpr (LAG) {
-                    sm90_mbar_arrive(&ds_full[c * 2 + (it & 1)]);
-                    sm90_mbar_wait(&ds_full[(1 - c) * 2 + (dq_blk & 1)], (dq_blk >> 1) & 1);
+                /* LAG: the unit of block dq_blk (LAG blocks back; in the first LAG iterations
+                 * the first block's, unused) comes next; wait for the other consumer's half of
+                 * its dS here, before this block's products are in flight */
+                const bool dq_real = it >= LAG;
+                const int dq_blk = dq_real ? it - LAG : 0;
+                if constexpr (LAG > 0) {
+                    sm90_mbar_arrive(&ds_full[c * NDS + it % NDS]);
+                    sm90_mbar_wait(&ds_full[(1 - c) * NDS + dq_blk % NDS], (dq_blk / NDS) & 1);
                 } else if constexpr (D == 128)
                     sm90_bar_sync(SM90B_BAR_DS, 256);
                 else
@@ -847,13 +871,17 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * beside the dQ unit, its registers would spill. */
                 constexpr bool DQ_FIRST = D == 64;
                 float dqa[32];
+                if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
                 sm90_wgmma_fence();
                 if constexpr (!DQ_FIRST) {
                     sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
                     sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
                     sm90_wgmma_commit();
                 }
-                SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk & 1) * L::DS_BYTES : sds);
+                SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk % NDS) * L::DS_BYTES : sds);
+                /* the turn ends with the next block's S^T and dP^T; after the last block's
+                 * products the leader hands over once more, for the follower's last turn */
+                if (PINGPONG && c == 0 && it == n_iter - 1) sm90_bar_arrive(SM90B_BAR_TURN0 + 1, 256);
                 if constexpr (DQ_FIRST) {
                     sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
                     sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
@@ -871,7 +899,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_fence_regs(dv);
                     sm90_fence_regs(dk);
                     sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
-                    if (LAG && it > 0) sm90_mbar_arrive(&ds_read[c * 2 + (dq_blk & 1)]);
+                    if (LAG && dq_real) sm90_mbar_arrive(&ds_read[c * NDS + dq_blk % NDS]);
                 }
                 sm90_fence_regs(dqa);
 
@@ -884,8 +912,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90b_dq_pair_sum(dqa, sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16, c, it & 1, it >= 2,
                                       it + 2 < n_iter);
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
-                 * fragment order (LAG: not the repeated product of iteration 1) */
-                if (!LAG || it != 1)
+                 * fragment order (LAG: not the first iterations' repeats) */
+                if (!LAG || dq_real)
                     SM90B_ADD_DQ_UNIT(dq_blk, LAG ? qh0 + dq_blk / nm : qh, LAG ? (m_min + dq_blk % nm) * BM : m0);
                 if constexpr (DQ_FIRST) {
                     sm90_wgmma_wait<0>();
@@ -894,16 +922,21 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
                 }
             }
-            if constexpr (LAG) { /* the last block's unit (with one block, a repeat, unused) */
-                const int last = n_iter - 1;
-                float dqa[32];
-                sm90_mbar_wait(&ds_full[(1 - c) * 2 + (last & 1)], (last >> 1) & 1);
-                sm90_wgmma_fence();
-                SM90B_ISSUE_DQ(sbase + L::DS_OFF + (last & 1) * L::DS_BYTES);
-                sm90_fence_regs(dqa);
-                sm90_wgmma_wait<0>();
-                sm90_fence_regs(dqa);
-                if (last > 0) SM90B_ADD_DQ_UNIT(last, qh0 + last / nm, (m_min + last % nm) * BM);
+            if constexpr (LAG > 0) {
+                /* the last LAG blocks' units (with fewer blocks, the first block's repeated,
+                 * unused, for the blocks before it) */
+#pragma unroll
+                for (int u = 0; u < LAG; u++) {
+                    const int blk = n_iter - LAG + u, rb = max(blk, 0);
+                    float dqa[32];
+                    sm90_mbar_wait(&ds_full[(1 - c) * NDS + rb % NDS], (rb / NDS) & 1);
+                    sm90_wgmma_fence();
+                    SM90B_ISSUE_DQ(sbase + L::DS_OFF + (rb % NDS) * L::DS_BYTES);
+                    sm90_fence_regs(dqa);
+                    sm90_wgmma_wait<0>();
+                    sm90_fence_regs(dqa);
+                    if (blk >= 0) SM90B_ADD_DQ_UNIT(blk, qh0 + blk / nm, (m_min + blk % nm) * BM);
+                }
             }
         }
 

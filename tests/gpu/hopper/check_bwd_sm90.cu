@@ -464,12 +464,14 @@ static void bench(const cudaDeviceProp *prop)
         CK(cudaMemcpy(lse, hl, nl * 4, cudaMemcpyHostToDevice));
         free(hl);
     }
-    static const struct { const char *name; int causal, window, wl, wr; float cap; int alibi; } fb[] = {
-        {"none (plain kernel)", 0, 0, -1, -1, 0.f, 0}, {"causal (plain kernel)", 1, 0, -1, -1, 0.f, 0},
-        {"window (-1, 0) (feature kernel)", 0, 1, -1, 0, 0.f, 0},
-        {"window (512, 512)", 0, 1, 512, 512, 0.f, 0}, {"causal + window (1024, 0)", 1, 1, 1024, -1, 0.f, 0},
-        {"softcap 30", 0, 0, -1, -1, 30.f, 0}, {"ALiBi, causal", 1, 0, -1, -1, 0.f, 1},
-        {"softcap + ALiBi + window (1024, 1024)", 0, 1, 1024, 1024, 30.f, 1},
+    static const struct { const char *name; int causal, window, wl, wr; float cap; int alibi, det; } fb[] = {
+        {"none (plain kernel)", 0, 0, -1, -1, 0.f, 0, 0}, {"causal (plain kernel)", 1, 0, -1, -1, 0.f, 0, 0},
+        {"window (-1, 0) (feature kernel)", 0, 1, -1, 0, 0.f, 0, 0},
+        {"window (512, 512)", 0, 1, 512, 512, 0.f, 0, 0}, {"causal + window (1024, 0)", 1, 1, 1024, -1, 0.f, 0, 0},
+        {"softcap 30", 0, 0, -1, -1, 30.f, 0, 0}, {"ALiBi, causal", 1, 0, -1, -1, 0.f, 1, 0},
+        {"softcap + ALiBi + window (1024, 1024)", 0, 1, 1024, 1024, 30.f, 1, 0},
+        {"softcap 30, deterministic", 0, 0, -1, -1, 30.f, 0, 1},
+        {"window (-1, 0), deterministic", 0, 1, -1, 0, 0.f, 0, 1},
     };
     for (size_t f = 0; f < sizeof fb / sizeof fb[0]; f++) {
         const int D = 128, S = 8192, H = 16, B = 2;
@@ -485,6 +487,7 @@ static void bench(const cudaDeviceProp *prop)
         a.bf16 = 1, a.scale = 1.f / sqrtf((float)D), a.causal = fb[f].causal;
         a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
         a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
+        a.deterministic = fb[f].det;
         const size_t need = fc_sm90_backward_workspace_size(&a);
         if (need > ws_bytes) {
             if (ws) CK(cudaFree(ws));
