@@ -45,6 +45,8 @@ def setup_lib(fc):
     P, T, K = ctypes.POINTER(Params), ctypes.POINTER(Tensor), ctypes.POINTER(KvParams)
     L.flashc_kvcache_params_init_sized.argtypes = [K, ctypes.c_size_t]
     L.flashc_forward_kvcache.argtypes = [ctypes.c_void_p, P, K, T, T, T, T, T, T, T]
+    L.flashc_kvcache_workspace_size.argtypes = [ctypes.c_void_p, P, K, T, T, T, T, T, T, T,
+                                                ctypes.POINTER(ctypes.c_size_t)]
 
 
 def median_ms(fn, warmup=10, rep=50):
@@ -101,9 +103,11 @@ def small_copy_gbps(moved):
 
 
 class FlashcDecode:
-    """One prepared flashc_forward_kvcache call on fixed tensors."""
+    """One prepared flashc_forward_kvcache call on fixed tensors; with workspace, the split-KV
+    partial results go to a buffer allocated once here (as a serving loop keeps one), else the
+    call allocates and frees them on the stream."""
 
-    def __init__(self, fc, q, kc, vc, seqlens, table):
+    def __init__(self, fc, q, kc, vc, seqlens, table, workspace=True):
         self.fc = fc
         B = q.shape[0]
         self.o = torch.empty_like(q)
@@ -123,6 +127,14 @@ class FlashcDecode:
         r = ctypes.byref
         self.args = (fc.be, r(self.p), r(self.kv), r(self.t[0]), r(self.t[1]), r(self.t[2]), None,
                      None, r(self.t[3]), r(self.tl))
+        self.ws = None
+        if workspace:
+            size = ctypes.c_size_t(0)
+            fc.check(fc.lib.flashc_kvcache_workspace_size(*self.args, ctypes.byref(size)))
+            if size.value:
+                self.ws = torch.empty(size.value, dtype=torch.uint8, device="cuda")
+                self.p.workspace = self.ws.data_ptr()
+                self.p.workspace_size = size.value
 
     def __call__(self):
         self.p.stream = torch.cuda.current_stream().cuda_stream
@@ -211,9 +223,10 @@ def main():
                 call = FlashcDecode(fc, q, kc, vc, seqlens, table)
                 g = graph_ms(call)
                 e = median_ms(call)
+                g_alloc = graph_ms(FlashcDecode(fc, q, kc, vc, seqlens, table, workspace=False))
                 best = g if g is not None else e
                 r = {"page": page, "B": B, "L": L, "graph_us": g and g * 1e3, "eager_us": e * 1e3,
-                     "gbps": moved / (best * 1e-3) / 1e9}
+                     "graph_alloc_us": g_alloc and g_alloc * 1e3, "gbps": moved / (best * 1e-3) / 1e9}
                 small = small_copy_gbps(moved)
                 if small:
                     r["copy_same"] = small
@@ -230,6 +243,7 @@ def main():
                 rows.append(r)
                 print(f"{'paged' if page else 'contig'} B{B:3d} L{L:7d}: flashc {r['gbps']:6.0f} GB/s "
                       f"({100 * r['gbps'] / copy:3.0f}% of copy; graph {fmt_us(r['graph_us'])} "
+                      f"(allocating {fmt_us(r['graph_alloc_us'])}) "
                       f"eager {r['eager_us']:.1f} us; a copy of the same bytes {r.get('copy_same', 0):.0f} GB/s)  sdpa {r.get('sdpa_gbps', 0):5.0f}  "
                       f"flash-attn {r.get('fa_gbps', 0):5.0f}  diff {r.get('diff', float('nan')):.1e}",
                       flush=True)
@@ -253,18 +267,22 @@ def write_results(rows, args, gpu, copy, description):
              "", "flashc_forward_kvcache, GQA 8:1 (32 q heads, 4 kv heads), d128, bf16, one query "
              "per sequence, causal, every sequence at the cache length. GB/s = (K + V bytes of "
              "the cache + q + out) / median time; % = of the copy rate. flashc time from CUDA-graph "
-             "replays (eager per-call time beside it). sdpa: torch SDPA on the cache padded to "
+             "replays, the call given a workspace (flashc_kvcache_workspace_size) as a serving "
+             "loop would; beside it the graph time of the call allocating its split-KV scratch "
+             "itself (memory nodes in the graph) and the eager per-call time. sdpa: torch SDPA on the cache padded to "
              "the same length (dense); flash-attn: flash_attn_with_kvcache where installed. diff = "
              "||O_flashc - O_sdpa|| / ||O_sdpa||. same-size copy: a device-to-device copy moving the "
              "call's bytes (half read, half written), graph-timed like flashc: what a single "
              "operation of that size reaches; % of it = flashc GB/s / its rate.", "",
-             "| cache | batch | keys | flashc GB/s | % of copy | graph us | eager us | sdpa GB/s | "
-             "flash-attn GB/s | diff | same-size copy GB/s | % of it |", "|" + "---|" * 12]
+             "| cache | batch | keys | flashc GB/s | % of copy | graph us | graph us, allocating | "
+             "eager us | sdpa GB/s | flash-attn GB/s | diff | same-size copy GB/s | % of it |",
+             "|" + "---|" * 13]
     for r in rows:
         lines.append("| " + " | ".join([
             f"paged {args.page}" if r["page"] else "contiguous", str(r["B"]), str(r["L"]),
             f"{r['gbps']:.0f}", f"{100 * r['gbps'] / copy:.0f}",
-            "" if r["graph_us"] is None else f"{r['graph_us']:.1f}", f"{r['eager_us']:.1f}",
+            "" if r["graph_us"] is None else f"{r['graph_us']:.1f}",
+            "" if r["graph_alloc_us"] is None else f"{r['graph_alloc_us']:.1f}", f"{r['eager_us']:.1f}",
             g(r, "sdpa_gbps"), g(r, "fa_gbps"),
             f"{r['diff']:.1e}" if "diff" in r else "", g(r, "copy_same"),
             f"{100 * r['gbps'] / r['copy_same']:.0f}" if "copy_same" in r else ""]) + " |")

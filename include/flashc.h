@@ -211,8 +211,10 @@ typedef struct flashc_params {
                                     words [offset, offset + batch * heads_q) */
     int32_t deterministic;       /* nonzero: bitwise identical results run to run (backward) */
     void *stream;                /* CUDA backend: the cudaStream_t to run on; NULL = legacy default */
-    void *workspace;             /* backward scratch of workspace_size bytes, or NULL to let
-                                    flashc allocate (see flashc_backward_workspace_size) */
+    void *workspace;             /* scratch of workspace_size bytes for the backward and the
+                                    KV-cache decode, or NULL to let flashc allocate (see
+                                    flashc_backward_workspace_size and
+                                    flashc_kvcache_workspace_size) */
     size_t workspace_size;
     /* ---- fields added in 0.2 (after workspace_size, so older callers keep their layout) ---- */
     int32_t num_seqs;            /* varlen: number of sequences (>= 1); 0 with no cu_seqlens */
@@ -399,7 +401,10 @@ FLASHC_API void flashc_kvcache_params_init_sized(flashc_kvcache_params *p, size_
  *
  * Split-KV (Flash-Decoding): each (sequence, kv head)'s keys are cut into kv->num_splits
  * chunks computed in parallel and combined as flashc_merge does, so a small batch still uses
- * every thread; a result may differ from the unsplit one by float32 reordering.
+ * every thread; a result may differ from the unsplit one by float32 reordering. On CUDA the
+ * partial results go to params->workspace when one is given (flashc_kvcache_workspace_size
+ * says how much; smaller is FLASHC_ERROR_WORKSPACE_TOO_SMALL), else to memory the call
+ * allocates and frees on the stream.
  * params may be NULL for the defaults; kv is required (for cache_seqlens). */
 FLASHC_API flashc_status flashc_forward_kvcache(flashc_backend *backend,
                                                 const flashc_params *params,
@@ -409,6 +414,18 @@ FLASHC_API flashc_status flashc_forward_kvcache(flashc_backend *backend,
                                                 const flashc_tensor *k_new,
                                                 const flashc_tensor *v_new, flashc_tensor *out,
                                                 flashc_tensor *lse);
+
+/* Bytes of params->workspace that flashc_forward_kvcache with these same arguments uses (0
+ * when it needs none: no split, or a backend that keeps its scratch itself). On CUDA, a
+ * workspace of at least this size makes the decode free of device allocations, so that a
+ * CUDA graph of decode steps holds only the kernels (a caller's allocator, such as PyTorch's,
+ * owns the memory). Validates the arguments as the call would; nothing is written. The size
+ * depends on the shapes, the split count and the device, not on the tensors' contents. */
+FLASHC_API flashc_status flashc_kvcache_workspace_size(
+    flashc_backend *backend, const flashc_params *params, const flashc_kvcache_params *kv,
+    const flashc_tensor *q, const flashc_tensor *k_cache, const flashc_tensor *v_cache,
+    const flashc_tensor *k_new, const flashc_tensor *v_new, const flashc_tensor *out,
+    const flashc_tensor *lse, size_t *bytes);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Merging partial results by their LSE                                                     */

@@ -111,6 +111,10 @@ typedef struct flashc_backend_ops {
                                      flashc_tensor *v_cache, const flashc_tensor *k_new,
                                      const flashc_tensor *v_new, flashc_tensor *out,
                                      flashc_tensor *lse);
+    /* Optional: bytes of pr->base.workspace that forward_kvcache uses when one is given (0 or
+     * NULL: it never uses one). forward_kvcache is only called with a workspace of at least
+     * this size. */
+    size_t (*kvcache_workspace_size)(void *state, const struct flashc_kvcache_problem *pr);
 } flashc_backend_ops;
 
 extern const flashc_backend_ops flashc_reference_backend_ops;

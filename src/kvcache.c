@@ -109,6 +109,10 @@ static flashc_status check_kv_params(const flashc_params *user, flashc_params *p
     if (p->dropout_p != 0.0f)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "params.dropout_p (dropout): not served by flashc_forward_kvcache");
+    if (p->workspace_size > 0 && !p->workspace)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER,
+                            "params.workspace is NULL but params.workspace_size is %zu",
+                            p->workspace_size);
     return FLASHC_OK;
 }
 
@@ -244,12 +248,14 @@ static flashc_status check_shape_is(const flashc_tensor *t, const char *name, co
     return FLASHC_OK;
 }
 
-flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_params *params,
-                                     const flashc_kvcache_params *kv_user,
-                                     const flashc_tensor *q, flashc_tensor *k_cache,
-                                     flashc_tensor *v_cache, const flashc_tensor *k_new,
-                                     const flashc_tensor *v_new, flashc_tensor *out,
-                                     flashc_tensor *lse)
+/* Validates a flashc_forward_kvcache call (or its workspace query, which takes the same
+ * arguments) and describes it in *out_pr; nothing is written. */
+static flashc_status build_kvcache(flashc_backend *backend, const flashc_params *params,
+                                   const flashc_kvcache_params *kv_user, const flashc_tensor *q,
+                                   const flashc_tensor *k_cache, const flashc_tensor *v_cache,
+                                   const flashc_tensor *k_new, const flashc_tensor *v_new,
+                                   const flashc_tensor *out, const flashc_tensor *lse,
+                                   flashc_kvcache_problem *out_pr)
 {
     TRY(check_backend(backend));
     const flashc_backend_ops *ops = backend->ops;
@@ -283,12 +289,12 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
     const int append = k_new != NULL;
     const int paged = kv.block_table != NULL;
 
-    enum { S_Q, S_KC, S_VC, S_KN, S_VN, S_OUT, S_LSE, S_SEQ, S_BT, N_SPANS };
+    enum { S_Q, S_KC, S_VC, S_KN, S_VN, S_OUT, S_LSE, S_SEQ, S_WS, S_BT, N_SPANS };
     named_span s[N_SPANS] = {
         {"q", {0, 0}, 0},         {"k_cache", {0, 0}, append}, {"v_cache", {0, 0}, append},
         {"k_new", {0, 0}, 0},     {"v_new", {0, 0}, 0},        {"out", {0, 0}, 1},
         {"lse", {0, 0}, 1},       {"kv.cache_seqlens", {0, 0}, 0},
-        {"kv.block_table", {0, 0}, 0}};
+        {"params.workspace", {0, 0}, 1}, {"kv.block_table", {0, 0}, 0}};
     TRY(check_tensor4(q, "q", 0, &s[S_Q].sp));
     TRY(check_tensor4(k_cache, "k_cache", append, &s[S_KC].sp));
     TRY(check_like_dtype(k_cache, "k_cache", q->dtype, 0));
@@ -391,8 +397,17 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
     TRY(check_like_dtype(out, "out", q->dtype, ops->accepts_f32_outputs));
     TRY(check_same_shape(out, "out", q, "q"));
     TRY(check_lse(lse, "lse", 1, q, &s[S_LSE].sp));
-    if (!paged) { /* drop the unused block_table entry */
-        s[S_BT] = s[N_SPANS - 1];
+    if (!paged) /* drop the unused block_table entry (the last) */
+        n_spans--;
+    if (p.workspace) { /* scratch the call writes: like an output */
+        const uintptr_t begin = (uintptr_t)p.workspace;
+        if (begin + p.workspace_size < begin)
+            return flashc_error(FLASHC_ERROR_INVALID_SIZE,
+                                "params.workspace + workspace_size wraps the address space");
+        s[S_WS].sp.begin = begin;
+        s[S_WS].sp.end = begin + p.workspace_size;
+    } else { /* drop it: move the entries after it down */
+        memmove(&s[S_WS], &s[S_WS + 1], (size_t)(n_spans - S_WS - 1) * sizeof s[0]);
         n_spans--;
     }
     if (!append) { /* and the absent k_new / v_new: move the tail down over them */
@@ -414,6 +429,8 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
     bp->scale = p.softmax_scale != 0.0f ? p.softmax_scale : (float)(1.0 / sqrt((double)dim));
     bp->causal = p.causal;
     bp->stream = p.stream;
+    bp->workspace = p.workspace;
+    bp->workspace_size = p.workspace_size;
     bp->max_seqlen_q = nq;
     bp->max_seqlen_k = pr.capacity;
     uint32_t f = 0;
@@ -456,6 +473,51 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
     pr.max_len = pr.capacity;
     if (host)
         TRY(check_host_values(&pr));
-    return ops->forward_kvcache(backend->state, &pr, q, k_cache, v_cache, k_new, v_new, out,
-                                lse);
+    *out_pr = pr;
+    return FLASHC_OK;
+}
+
+/* Bytes of params->workspace the backend's decode takes (0: it needs none). */
+static size_t kvcache_workspace(const flashc_backend *backend, const flashc_kvcache_problem *pr)
+{
+    return backend->ops->kvcache_workspace_size
+               ? backend->ops->kvcache_workspace_size(backend->state, pr)
+               : 0;
+}
+
+flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_params *params,
+                                     const flashc_kvcache_params *kv,
+                                     const flashc_tensor *q, flashc_tensor *k_cache,
+                                     flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                     const flashc_tensor *v_new, flashc_tensor *out,
+                                     flashc_tensor *lse)
+{
+    flashc_kvcache_problem pr;
+    TRY(build_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse, &pr));
+    if (pr.base.workspace) {
+        const size_t need = kvcache_workspace(backend, &pr);
+        if (pr.base.workspace_size < need)
+            return flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
+                                "params.workspace_size is %zu but this decode needs %zu bytes "
+                                "(flashc_kvcache_workspace_size)",
+                                pr.base.workspace_size, need);
+    }
+    return backend->ops->forward_kvcache(backend->state, &pr, q, k_cache, v_cache, k_new, v_new,
+                                         out, lse);
+}
+
+flashc_status flashc_kvcache_workspace_size(flashc_backend *backend, const flashc_params *params,
+                                            const flashc_kvcache_params *kv,
+                                            const flashc_tensor *q, const flashc_tensor *k_cache,
+                                            const flashc_tensor *v_cache,
+                                            const flashc_tensor *k_new, const flashc_tensor *v_new,
+                                            const flashc_tensor *out, const flashc_tensor *lse,
+                                            size_t *bytes)
+{
+    if (!bytes)
+        return flashc_error(FLASHC_ERROR_NULL_POINTER, "bytes: output pointer is NULL");
+    flashc_kvcache_problem pr;
+    TRY(build_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse, &pr));
+    *bytes = kvcache_workspace(backend, &pr);
+    return FLASHC_OK;
 }

@@ -234,6 +234,11 @@ flashc_forward_kvcache = _prototype(
     "flashc_forward_kvcache", ctypes.c_int, _BackendP, _ParamsP, ctypes.POINTER(KvcacheParams),
     _TensorP, _TensorP, _TensorP, _TensorP, _TensorP, _TensorP, _TensorP,
 )
+flashc_kvcache_workspace_size = _prototype(
+    "flashc_kvcache_workspace_size", ctypes.c_int, _BackendP, _ParamsP,
+    ctypes.POINTER(KvcacheParams), _TensorP, _TensorP, _TensorP, _TensorP, _TensorP, _TensorP,
+    _TensorP, ctypes.POINTER(ctypes.c_size_t),
+)
 
 # -------------------------------------------------------------------------------------------
 # Errors
@@ -443,9 +448,23 @@ def make_kvcache_params(cache_seqlens, block_table=None, max_pages_per_seq=0,
     return kv
 
 
+def _kvcache_args(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse):
+    ref = ctypes.byref
+    return (backend.handle, ref(params), ref(kv), ref(q), ref(k_cache), ref(v_cache),
+            ref(k_new) if k_new is not None else None,
+            ref(v_new) if v_new is not None else None, ref(out), ref(lse))
+
+
 def forward_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse):
     """flashc_forward_kvcache; k_new and v_new may be None (no append)."""
-    ref = ctypes.byref
-    check(flashc_forward_kvcache(backend.handle, ref(params), ref(kv), ref(q), ref(k_cache),
-                                 ref(v_cache), ref(k_new) if k_new is not None else None,
-                                 ref(v_new) if v_new is not None else None, ref(out), ref(lse)))
+    check(flashc_forward_kvcache(*_kvcache_args(backend, params, kv, q, k_cache, v_cache, k_new,
+                                                v_new, out, lse)))
+
+
+def kvcache_workspace_size(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse):
+    """flashc_kvcache_workspace_size: bytes of params.workspace the same call would use."""
+    size = ctypes.c_size_t(0)
+    check(flashc_kvcache_workspace_size(*_kvcache_args(backend, params, kv, q, k_cache, v_cache,
+                                                       k_new, v_new, out, lse),
+                                        ctypes.byref(size)))
+    return size.value

@@ -564,8 +564,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   window_right, float(softcap), stream=call.stream, **features)
         kv = _lib.make_kvcache_params(seqlens.data_ptr(), table_ptr, max_pages, 0,
                                       int(num_splits))
-        _lib.forward_kvcache(call.backend, params, kv, _describe("q", q),
-                             _describe("k_cache", k_cache), _describe("v_cache", v_cache), k_t,
-                             v_t, _describe("out", out), _describe("lse", lse))
+        args = (call.backend, params, kv, _describe("q", q), _describe("k_cache", k_cache),
+                _describe("v_cache", v_cache), k_t, v_t, _describe("out", out),
+                _describe("lse", lse))
+        # The split-KV partial results in memory from PyTorch's allocator (CUDA), so that a
+        # captured graph of decode steps holds only flashc's kernels.
+        workspace_bytes = _lib.kvcache_workspace_size(*args) if device.type == "cuda" else 0
+        if workspace_bytes:
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+            keep.append(workspace)
+            params.workspace = workspace.data_ptr()
+            params.workspace_size = workspace_bytes
+        _lib.forward_kvcache(*args)
     del keep
     return (out, lse) if return_softmax_lse else out

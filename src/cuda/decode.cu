@@ -683,13 +683,18 @@ static int clamp_window(int64_t w)
     return w < 0 ? -1 : (w > 0x7fffffffLL ? 0x7fffffff : (int)w);
 }
 
-flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
-                                      const flashc_tensor *q, flashc_tensor *k_cache,
-                                      flashc_tensor *v_cache, const flashc_tensor *k_new,
-                                      const flashc_tensor *v_new, flashc_tensor *out,
-                                      flashc_tensor *lse)
+/* What a call launches: the kernel, the row chunks, the split-KV cut of the keys, and the
+ * float32 partial results the splits need (none with one split). Needs the device current. */
+typedef struct decode_plan {
+    decode_kernel kern;
+    int chunks, splits, split_keys;
+    size_t o_bytes;  /* partial O, 256-byte rounded; the partial LSEs follow */
+    size_t ws_bytes; /* both: 0 with one split */
+} decode_plan;
+
+static flashc_status plan_decode(const fc_cuda_state *s, const flashc_kvcache_problem *pr,
+                                 decode_plan *pl)
 {
-    const fc_cuda_state *s = (const fc_cuda_state *)state;
     const flashc_problem *bp = &pr->base;
     if (bp->dtype != FLASHC_F16 && bp->dtype != FLASHC_BF16)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
@@ -699,8 +704,8 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
         return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: out must have q's dtype");
     const int bf16 = bp->dtype == FLASHC_BF16;
     const int mods = (bp->features & (FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI)) != 0;
-    const decode_kernel kern = pick_kernel((int)bp->head_dim, bf16, mods);
-    if (!kern.fn)
+    pl->kern = pick_kernel((int)bp->head_dim, bf16, mods);
+    if (!pl->kern.fn)
         return flashc_error(FLASHC_ERROR_INVALID_HEAD_DIM,
                             "cuda: head_dim %lld is not served: the CUDA kernels need a multiple "
                             "of 8 up to 256",
@@ -714,31 +719,92 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
     if (bp->batch > 65535 || bp->heads_kv > 65535)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "cuda: batch and heads_kv must each be at most 65535 (grid limits)");
-    if (kern.smem > s->smem_optin)
+    if (pl->kern.smem > s->smem_optin)
         return flashc_error(FLASHC_ERROR_UNSUPPORTED,
                             "cuda: head_dim %lld needs %zu bytes of shared memory per block; %s "
                             "allows %zu",
-                            (long long)bp->head_dim, kern.smem, s->name, s->smem_optin);
+                            (long long)bp->head_dim, pl->kern.smem, s->name, s->smem_optin);
+    cudaError_t err = cudaFuncSetAttribute((const void *)pl->kern.fn,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)pl->kern.smem);
+    int per_sm = 0;
+    if (err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)pl->kern.fn,
+                                                            DEC_THREADS, pl->kern.smem);
+    if (err != cudaSuccess) return fc_cuda_error(err, "decode kernel attributes");
 
+    const int rows_total = (int)(group * bp->seqlen_q);
+    pl->chunks = (rows_total + DEC_ROWS - 1) / DEC_ROWS;
+    /* split-KV: the device does not know the lengths without a copy, so the splits cut the
+     * capacity (pr->max_len); a split past a sequence's end is a CTA that writes -inf */
+    const int64_t tasks = bp->batch * bp->heads_kv * pl->chunks;
+    const int64_t units = (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1);
+    int32_t splits = pr->num_splits > 0
+                         ? pr->num_splits
+                         : flashc_kvcache_num_splits_one_wave(tasks, pr->max_len, units,
+                                                              DEC_MIN_SPLIT_KEYS);
+    int64_t per = (pr->max_len + splits - 1) / splits;
+    per = per < DEC_KT ? DEC_KT : (per + DEC_KT - 1) / DEC_KT * DEC_KT;
+    splits = (int32_t)((pr->max_len + per - 1) / per);
+    if (splits < 1) splits = 1;
+    pl->splits = splits;
+    pl->split_keys = (int)per;
+    if ((int64_t)splits * pl->chunks > 0x7fffffffLL)
+        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: too many query rows for one grid");
+    pl->o_bytes = pl->ws_bytes = 0;
+    if (splits > 1) {
+        const size_t rows = (size_t)splits * (size_t)(bp->batch * bp->seqlen_q * bp->heads_q);
+        pl->o_bytes = (rows * (size_t)bp->head_dim * sizeof(float) + 255) & ~(size_t)255;
+        pl->ws_bytes = pl->o_bytes + rows * sizeof(float);
+    }
+    return FLASHC_OK;
+}
+
+size_t fc_cuda_kvcache_workspace_size(void *state, const flashc_kvcache_problem *pr)
+{
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
+    fc_device_guard guard;
+    if (fc_guard_enter(&guard, s) != FLASHC_OK) return 0;
+    decode_plan pl;
+    const flashc_status st = plan_decode(s, pr, &pl);
+    fc_guard_leave(&guard);
+    /* a call that cannot run needs nothing: it fails with the same message */
+    return st == FLASHC_OK ? pl.ws_bytes : 0;
+}
+
+flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem *pr,
+                                      const flashc_tensor *q, flashc_tensor *k_cache,
+                                      flashc_tensor *v_cache, const flashc_tensor *k_new,
+                                      const flashc_tensor *v_new, flashc_tensor *out,
+                                      flashc_tensor *lse)
+{
+    const fc_cuda_state *s = (const fc_cuda_state *)state;
+    const flashc_problem *bp = &pr->base;
     fc_device_guard guard;
     flashc_status st = fc_guard_enter(&guard, s);
     if (st != FLASHC_OK) return st;
-    if ((st = check_args(s, pr, q, k_cache, v_cache, k_new, v_new, out, lse)) != FLASHC_OK) {
+    decode_plan pl;
+    if ((st = plan_decode(s, pr, &pl)) != FLASHC_OK ||
+        (st = check_args(s, pr, q, k_cache, v_cache, k_new, v_new, out, lse)) != FLASHC_OK) {
         fc_guard_leave(&guard);
         return st;
     }
-    cudaStream_t stream = (cudaStream_t)bp->stream;
-    cudaError_t err = cudaFuncSetAttribute((const void *)kern.fn,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)kern.smem);
-    int per_sm = 0;
-    if (err == cudaSuccess)
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)kern.fn,
-                                                            DEC_THREADS, kern.smem);
-    if (err != cudaSuccess) {
+    /* a caller's workspace (flashc_forward_kvcache checked its size) */
+    if (bp->workspace && pl.ws_bytes > 0 &&
+        ((uintptr_t)bp->workspace % 256 != 0 ||
+         (st = fc_check_device_pointer(s, bp->workspace, "params.workspace")) != FLASHC_OK)) {
         fc_guard_leave(&guard);
-        return fc_cuda_error(err, "decode kernel attributes");
+        return st != FLASHC_OK ? st
+                               : flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                                              "params.workspace: pointer %p is not 256-byte "
+                                              "aligned",
+                                              bp->workspace);
     }
+    cudaStream_t stream = (cudaStream_t)bp->stream;
+    const int bf16 = bp->dtype == FLASHC_BF16;
+    const int64_t group = bp->heads_q / bp->heads_kv;
+    const decode_kernel kern = pl.kern;
+    cudaError_t err = cudaSuccess;
 
     fc_decode_args a;
     memset(&a, 0, sizeof a);
@@ -767,7 +833,7 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
     a.heads_kv = (int)bp->heads_kv;
     a.group = (int)group;
     a.rows_total = (int)(group * bp->seqlen_q);
-    a.chunks = (a.rows_total + DEC_ROWS - 1) / DEC_ROWS;
+    a.chunks = pl.chunks;
     a.head_dim = (int)bp->head_dim;
     a.scale = bp->scale;
     a.causal = bp->causal;
@@ -782,38 +848,25 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
         a.alibi_bstride = bp->alibi_batch_stride;
     }
 
-    /* split-KV: the device does not know the lengths without a copy, so the splits cut the
-     * capacity (pr->max_len); a split past a sequence's end is a CTA that writes -inf */
-    const int64_t tasks = bp->batch * bp->heads_kv * a.chunks;
-    const int64_t units = (int64_t)s->num_sms * (per_sm > 0 ? per_sm : 1);
-    int32_t splits = pr->num_splits > 0
-                         ? pr->num_splits
-                         : flashc_kvcache_num_splits_one_wave(tasks, pr->max_len, units,
-                                                              DEC_MIN_SPLIT_KEYS);
-    int64_t per = (pr->max_len + splits - 1) / splits;
-    per = per < DEC_KT ? DEC_KT : (per + DEC_KT - 1) / DEC_KT * DEC_KT;
-    splits = (int32_t)((pr->max_len + per - 1) / per);
-    if (splits < 1) splits = 1;
-    a.splits = splits;
-    a.split_keys = (int)per;
-    if ((int64_t)splits * a.chunks > 0x7fffffffLL) {
-        fc_guard_leave(&guard);
-        return flashc_error(FLASHC_ERROR_UNSUPPORTED, "cuda: too many query rows for one grid");
-    }
+    a.splits = pl.splits;
+    a.split_keys = pl.split_keys;
+    const int splits = pl.splits;
 
     /* everything is allocated before the append and the first output write */
-    char *ws = NULL;
-    size_t o_bytes = 0;
+    char *ws = NULL, *own_ws = NULL;
     if (splits > 1) {
-        const size_t rows = (size_t)splits * (size_t)(bp->batch * bp->seqlen_q * bp->heads_q);
-        o_bytes = (rows * (size_t)bp->head_dim * sizeof(float) + 255) & ~(size_t)255;
-        err = cudaMallocAsync((void **)&ws, o_bytes + rows * sizeof(float), stream);
-        if (err != cudaSuccess) {
-            fc_guard_leave(&guard);
-            return fc_cuda_error(err, "cudaMallocAsync (split-KV workspace)");
+        if (bp->workspace) {
+            ws = (char *)bp->workspace;
+        } else {
+            err = cudaMallocAsync((void **)&own_ws, pl.ws_bytes, stream);
+            if (err != cudaSuccess) {
+                fc_guard_leave(&guard);
+                return fc_cuda_error(err, "cudaMallocAsync (split-KV workspace)");
+            }
+            ws = own_ws;
         }
         a.part_o = (float *)ws;
-        a.part_lse = (float *)(ws + o_bytes);
+        a.part_lse = (float *)(ws + pl.o_bytes);
     }
 
     const int pdl = s->sm_major >= 9;
@@ -857,8 +910,8 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
             err = launch_dependent(bf16 ? fc_decode_combine_kernel<1> : fc_decode_combine_kernel<0>,
                                    dim3((unsigned)rows), COMBINE_WARPS * 32, 0, stream, pdl, a);
     }
-    if (ws) {
-        cudaError_t err2 = cudaFreeAsync(ws, stream);
+    if (own_ws) {
+        cudaError_t err2 = cudaFreeAsync(own_ws, stream);
         if (err == cudaSuccess && err2 != cudaSuccess) {
             err = err2;
             what = "cudaFreeAsync (split-KV workspace)";

@@ -17,4 +17,6 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
                                       const flashc_tensor *v_new, flashc_tensor *out,
                                       flashc_tensor *lse);
 
+size_t fc_cuda_kvcache_workspace_size(void *state, const flashc_kvcache_problem *pr);
+
 #endif /* FLASHC_CUDA_DECODE_H */

@@ -608,4 +608,5 @@ extern "C" const flashc_backend_ops flashc_cuda_backend_ops = {
     FLASHC_FEATURE_WINDOW | FLASHC_FEATURE_SOFTCAP | FLASHC_FEATURE_ALIBI | FLASHC_FEATURE_VARLEN |
         FLASHC_FEATURE_DROPOUT, /* features */
     fc_cuda_forward_kvcache,
+    fc_cuda_kvcache_workspace_size,
 };

@@ -645,6 +645,43 @@ static void test_errors(void)
         a.p.alibi_slopes = slopes;
         expect("ALiBi slope NaN", a, FLASHC_ERROR_INVALID_PARAM, "alibi_slopes[1]");
     }
+    /* params.workspace: the CPU decode takes none (the query says 0) and accepts one; one
+     * that overlaps an output or an input is refused like any aliasing */
+    {
+        unsigned char scratch[256];
+        size_t bytes = 12345;
+        a = valid();
+        flashc_status st = flashc_kvcache_workspace_size(a.be, &a.p, &a.kv, &a.q, &a.kc, &a.vc,
+                                                         &a.kn, &a.vn, &a.o, &a.lse, &bytes);
+        CHECK(st == FLASHC_OK && bytes == 0, "CPU workspace query: status %s, %zu bytes",
+              flashc_status_string(st), bytes);
+        st = flashc_kvcache_workspace_size(a.be, &a.p, &a.kv, &a.q, &a.kc, &a.vc, &a.kn, &a.vn,
+                                           &a.o, &a.lse, NULL);
+        CHECK(st == FLASHC_ERROR_NULL_POINTER, "workspace query, NULL bytes: %s",
+              flashc_status_string(st));
+        a.kv.cache_seqlens = NULL;
+        st = flashc_kvcache_workspace_size(a.be, &a.p, &a.kv, &a.q, &a.kc, &a.vc, &a.kn, &a.vn,
+                                           &a.o, &a.lse, &bytes);
+        CHECK(st == FLASHC_ERROR_NULL_POINTER, "workspace query validates like the call: %s",
+              flashc_status_string(st));
+        a = valid();
+        a.p.workspace = scratch;
+        a.p.workspace_size = sizeof scratch;
+        expect("a workspace the CPU does not need", a, FLASHC_OK, "");
+        a = valid();
+        a.p.workspace = eo.t.data;
+        a.p.workspace_size = 64;
+        expect("workspace overlapping out", a, FLASHC_ERROR_ALIASING, "params.workspace");
+        a = valid();
+        a.p.workspace = ekn.t.data;
+        a.p.workspace_size = 64;
+        expect("workspace overlapping k_new", a, FLASHC_ERROR_ALIASING, "params.workspace");
+        a = valid();
+        a.p.workspace = NULL;
+        a.p.workspace_size = 64;
+        expect("workspace_size without a workspace", a, FLASHC_ERROR_NULL_POINTER,
+               "params.workspace");
+    }
     for (int i = 0; i < 5; i++)
         tt_free(all[i]);
     tt_free(&eo);

@@ -149,6 +149,80 @@ static void dec_name(const dec_case *c, char *buf, size_t n)
              (int)c->wl, (int)c->wr, (double)c->softcap, c->alibi);
 }
 
+/* The device inputs and outputs of one decode call, and the host bytes its caches start from
+ * (each run appends into fresh copies). */
+typedef struct dec_call {
+    flashc_params p;
+    flashc_kvcache_params kv;
+    flashc_tensor q, kc, vc, kn, vn, out, lse;
+    int append;
+    const void *kc_init, *vc_init, *out_poison, *lse_poison;
+    size_t cache_bytes, out_bytes, lse_bytes;
+} dec_call;
+
+static flashc_status dec_run(const dec_call *c)
+{
+    if (flashc_backend_memcpy(g_cuda, c->kc.data, c->kc_init, c->cache_bytes, FLASHC_COPY_TO_BACKEND) ||
+        flashc_backend_memcpy(g_cuda, c->vc.data, c->vc_init, c->cache_bytes, FLASHC_COPY_TO_BACKEND) ||
+        flashc_backend_memcpy(g_cuda, c->out.data, c->out_poison, c->out_bytes, FLASHC_COPY_TO_BACKEND) ||
+        flashc_backend_memcpy(g_cuda, c->lse.data, c->lse_poison, c->lse_bytes, FLASHC_COPY_TO_BACKEND))
+        return FLASHC_ERROR_DEVICE;
+    flashc_tensor kc = c->kc, vc = c->vc, out = c->out, lse = c->lse;
+    flashc_status st = flashc_forward_kvcache(g_cuda, &c->p, &c->kv, &c->q, &kc, &vc,
+                                              c->append ? &c->kn : NULL, c->append ? &c->vn : NULL,
+                                              &out, &lse);
+    return st != FLASHC_OK ? st : flashc_backend_synchronize(g_cuda, NULL);
+}
+
+/* The call again with a caller workspace of exactly the size flashc_kvcache_workspace_size
+ * gives (none needed: nothing to do): the same output bits as the call that allocates its
+ * own (gout, glse), and the 4 KiB past the workspace's end untouched. */
+static int dec_workspace_same(const dec_call *c, const void *gout, const float *glse, char *msg,
+                              size_t msg_n)
+{
+    dec_call w = *c;
+    size_t bytes = 0;
+    flashc_tensor kc = c->kc, vc = c->vc, out = c->out, lse = c->lse;
+    if (flashc_kvcache_workspace_size(g_cuda, &c->p, &c->kv, &c->q, &kc, &vc, c->append ? &c->kn : NULL,
+                                      c->append ? &c->vn : NULL, &out, &lse, &bytes) != FLASHC_OK) {
+        snprintf(msg, msg_n, "workspace query: %s", flashc_last_error());
+        return 0;
+    }
+    if (!bytes) return 1;
+    const size_t guard = 4096;
+    unsigned char *pattern = (unsigned char *)malloc(bytes + guard), *back = (unsigned char *)malloc(guard);
+    void *out2 = malloc(c->out_bytes);
+    float *lse2 = (float *)malloc(c->lse_bytes);
+    memset(pattern, 0xA5, bytes + guard);
+    void *ws = dev_from(pattern, bytes + guard);
+    int ok = ws && pattern && back && out2 && lse2;
+    if (!ok) snprintf(msg, msg_n, "workspace allocation: %s", flashc_last_error());
+    w.p.workspace = ws;
+    w.p.workspace_size = bytes;
+    flashc_status st = ok ? dec_run(&w) : FLASHC_OK;
+    if (ok && st != FLASHC_OK) {
+        snprintf(msg, msg_n, "with a workspace of %zu bytes: %s", bytes, flashc_last_error());
+        ok = 0;
+    }
+    if (ok && (!dev_to_host(out2, c->out.data, c->out_bytes) || !dev_to_host(lse2, c->lse.data, c->lse_bytes) ||
+               !dev_to_host(back, (char *)ws + bytes, guard))) {
+        snprintf(msg, msg_n, "workspace run, copy back: %s", flashc_last_error());
+        ok = 0;
+    }
+    if (ok && (memcmp(out2, gout, c->out_bytes) || memcmp(lse2, glse, c->lse_bytes))) {
+        snprintf(msg, msg_n, "with a workspace of %zu bytes: output bits differ from the call "
+                 "that allocates", bytes);
+        ok = 0;
+    }
+    if (ok && memcmp(back, pattern, guard)) {
+        snprintf(msg, msg_n, "a write past the end of a %zu-byte workspace", bytes);
+        ok = 0;
+    }
+    if (ws) flashc_backend_free(g_cuda, ws);
+    free(pattern), free(back), free(out2), free(lse2);
+    return ok;
+}
+
 /* One decode case: builds the host inputs, runs the reference once and the CUDA backend with
  * every split count, compares. */
 static void run_decode(const dec_case *c, uint64_t seed)
@@ -298,6 +372,12 @@ static void run_decode(const dec_case *c, uint64_t seed)
         if (!dev_to_host(gout, dout, q_n * 2) || !dev_to_host(glse, dlse, lse_n * 4) ||
             !dev_to_host(gkc, dkc, cache_n * 2) || !dev_to_host(gvc, dvc, cache_n * 2)) {
             snprintf(msg, sizeof msg, "copy back: %s", flashc_last_error());
+            ok = 0;
+            break;
+        }
+        dec_call dc = {gp, gkv, gq, gkct, gvct, gkn, gvn, go, gl, c->nnew > 0, kc, vc, poison, lpoison,
+                       cache_n * 2, q_n * 2, lse_n * 4};
+        if (!dec_workspace_same(&dc, gout, glse, msg, sizeof msg)) {
             ok = 0;
             break;
         }
@@ -710,6 +790,45 @@ static int error_paths(void)
     fails += !expect_status("merge: a host part is rejected",
                             flashc_merge(g_cuda, NULL, 1, &ho, &tl_part, &to, &tl),
                             FLASHC_ERROR_INVALID_POINTER);
+    {
+        /* a caller workspace: the query's size works; one byte less, an address off 256-byte
+         * alignment or host memory are refused before anything is written */
+        flashc_kvcache_params skv = kv;
+        skv.num_splits = 4;
+        size_t need = 0;
+        fails += !expect_status("decode: workspace query",
+                                flashc_kvcache_workspace_size(g_cuda, NULL, &skv, &tq, &tk, &tv, NULL,
+                                                              NULL, &to, &tl, &need),
+                                FLASHC_OK);
+        if (need == 0) {
+            printf("  %-62s FAIL  (4 splits need a workspace, the query says 0)\n", "decode: workspace size");
+            fails++;
+        }
+        void *ws = dev_from(NULL, need + 512);
+        flashc_params wp;
+        flashc_params_init(&wp);
+        wp.workspace = ws;
+        wp.workspace_size = need;
+        fails += !expect_status("decode: a workspace of the queried size works",
+                                flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
+                                FLASHC_OK);
+        wp.workspace_size = need - 1;
+        fails += !expect_status("decode: a workspace one byte short is refused",
+                                flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
+                                FLASHC_ERROR_WORKSPACE_TOO_SMALL);
+        wp.workspace = (char *)ws + 16;
+        wp.workspace_size = need;
+        fails += !expect_status("decode: a workspace off 256-byte alignment is refused",
+                                flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
+                                FLASHC_ERROR_INVALID_POINTER);
+        void *hws = malloc(need);
+        wp.workspace = hws;
+        fails += !expect_status("decode: a host workspace is refused",
+                                flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
+                                FLASHC_ERROR_INVALID_POINTER);
+        free(hws);
+        flashc_backend_free(g_cuda, ws);
+    }
     fails += !expect_status("decode: a valid call after the errors still works",
                             flashc_forward_kvcache(g_cuda, NULL, &kv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
                             FLASHC_OK);
