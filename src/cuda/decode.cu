@@ -791,8 +791,8 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
     }
     /* a caller's workspace (flashc_forward_kvcache checked its size) */
     if (bp->workspace && pl.ws_bytes > 0 &&
-        ((uintptr_t)bp->workspace % 256 != 0 ||
-         (st = fc_check_device_pointer(s, bp->workspace, "params.workspace")) != FLASHC_OK)) {
+        ((st = fc_check_device_pointer(s, bp->workspace, "params.workspace")) != FLASHC_OK ||
+         (uintptr_t)bp->workspace % 256 != 0)) {
         fc_guard_leave(&guard);
         return st != FLASHC_OK ? st
                                : flashc_error(FLASHC_ERROR_INVALID_POINTER,

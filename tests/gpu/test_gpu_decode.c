@@ -821,7 +821,7 @@ static int error_paths(void)
         fails += !expect_status("decode: a workspace off 256-byte alignment is refused",
                                 flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
                                 FLASHC_ERROR_INVALID_POINTER);
-        void *hws = malloc(need);
+        void *hws = aligned_alloc(256, (need + 255) / 256 * 256); /* refused as host memory */
         wp.workspace = hws;
         fails += !expect_status("decode: a host workspace is refused",
                                 flashc_forward_kvcache(g_cuda, &wp, &skv, &tq, &tk, &tv, NULL, NULL, &to, &tl),
