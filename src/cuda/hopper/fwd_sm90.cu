@@ -789,8 +789,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
  * warpgroups NC (query rows BM = 64 NC). Registers per consumer thread: S BN/2 + P BN/4 +
  * O D/2. d64 plain: three consumers of 160 registers (64 + 32 + 32 live), so that two
  * warpgroups' exponentials run while the third's GEMMs hold the tensor cores (d64 is the head
- * dim where the exponentials nearly match the GEMM time); its feature kernels keep two (with
- * three, the band and ALiBi state spill). d128: 128 x 128 (176-key blocks measured 0-4%
+ * dim where the exponentials nearly match the GEMM time); its feature kernel keeps two (with
+ * three, the band and ALiBi state spill 68 bytes), its varlen kernel takes three
+ * (sm90_launch_kind). d128: 128 x 128 (176-key blocks measured 0-4%
  * slower at 2k-4k). d256 plain: 80-key blocks (Q 64 KB + 2 stages of K and V at 40 KB fill
  * 225 KB of shared memory); its feature kernels keep 64 (at 80 they spill).
  * FC_SM90_FWD_TILES=0 builds the earlier shapes (BM 128 everywhere, BN 128 / 128 / 64), kept
@@ -798,10 +799,12 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90_PLAIN 0
 #define SM90_FEAT 1
 #if defined(FC_SM90_FWD_TILES) && FC_SM90_FWD_TILES == 0
+#define FC_SM90_FWD_TILES_DEFAULT 0
 #define FC_SM90_FWD_CONFIGS(X)                                                                  \
     X(64, SM90_PLAIN, 128, 2, 2) X(128, SM90_PLAIN, 128, 2, 2) X(256, SM90_PLAIN, 64, 2, 2)     \
     X(64, SM90_FEAT, 128, 2, 2) X(128, SM90_FEAT, 128, 2, 2) X(256, SM90_FEAT, 64, 2, 2)
 #else
+#define FC_SM90_FWD_TILES_DEFAULT 1
 #define FC_SM90_FWD_CONFIGS(X)                                                                  \
     X(64, SM90_PLAIN, 128, 2, 3) X(128, SM90_PLAIN, 128, 2, 2) X(256, SM90_PLAIN, 80, 2, 2)     \
     X(64, SM90_FEAT, 128, 2, 2) X(128, SM90_FEAT, 128, 2, 2) X(256, SM90_FEAT, 64, 2, 2)
@@ -936,7 +939,10 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
 }
 
 /* The kernel of one kind: plain (FEAT 0), features (FEAT 1) or, for a varlen batch, features
- * over per-sequence bounds (FEAT 2, compiled up to d128 only). */
+ * over per-sequence bounds (FEAT 2, compiled up to d128 only). The d64 varlen kernel takes
+ * three consumer warpgroups like the plain one: ptxas spills 56 bytes there, a few local loads
+ * per key block, and it measured 1-8% faster than with two (docs/PERF.md); the d64 feature
+ * kernel keeps two (not measured with three). */
 template <int D, int KIND, int BN, int STAGES, int NC, int BF16>
 static cudaError_t sm90_launch_kind(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
                                     int rows, int seqs, cudaStream_t stream)
@@ -944,8 +950,9 @@ static cudaError_t sm90_launch_kind(const fc_sm90_fwd_args *a, const sm90_fwd_pa
     if constexpr (KIND != SM90_FEAT) {
         return sm90_launch<D, BN, STAGES, NC, BF16, 0>(a, p, f, rows, seqs, stream);
     } else {
+        constexpr int VARLEN_NC = D == 64 && FC_SM90_FWD_TILES_DEFAULT ? 3 : NC;
         if constexpr (D <= 128)
-            if (f->varlen) return sm90_launch<D, BN, STAGES, NC, BF16, 2>(a, p, f, rows, seqs, stream);
+            if (f->varlen) return sm90_launch<D, BN, STAGES, VARLEN_NC, BF16, 2>(a, p, f, rows, seqs, stream);
         return sm90_launch<D, BN, STAGES, NC, BF16, 1>(a, p, f, rows, seqs, stream);
     }
 }
