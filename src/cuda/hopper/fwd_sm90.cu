@@ -409,8 +409,9 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
 }
 
 /* Zeroes rows [from, BN) of a V tile: in a varlen batch they hold the next sequence's first
- * values, which P (zero there) would otherwise multiply. Each consumer warpgroup clears half
- * of the chunks; both wait for each other before either's P V product reads the tile. */
+ * values, which P (zero there) would otherwise multiply. Each of the NC consumer warpgroups
+ * clears its share of the chunks; all wait for each other before any P V product reads the
+ * tile. */
 template <int D, int BN, int NC>
 static __device__ __forceinline__ void sm90_zero_v_rows(uint32_t v_tile, int from, int cw, int t)
 {
