@@ -1,7 +1,8 @@
 /*
  * fuzz_api.c - libFuzzer target: random tensor descriptors and params thrown at
- * flashc_forward, flashc_backward, flashc_backward_workspace_size, flashc_merge_accumulate and
- * flashc_forward_kvcache (contiguous and paged caches, with and without append) on the CPU
+ * flashc_forward, flashc_backward, flashc_backward_workspace_size, flashc_merge_accumulate,
+ * flashc_forward_kvcache (contiguous and paged caches, with and without append) and
+ * flashc_kvcache_workspace_size on the CPU
  * and reference backends. Every tensor points into one poisoned arena; after each call the harness checks
  * that a failed call changed no byte, and that a successful one changed only bytes inside the
  * views of its outputs. Sanitizers (address, undefined) catch the rest.
@@ -248,7 +249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     flashc_status st;
     (void)st;
-    switch ((op >> 1) % 5) {
+    switch ((op >> 1) % 6) {
     case 0: {
         st = flashc_forward(be, &p, &q, &k, &v, &o, &lse);
         flashc_tensor *outs[] = {&o, &lse};
@@ -271,6 +272,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         st = flashc_merge_accumulate(be, NULL, &o, &lse, &dout, &part_lse);
         flashc_tensor *outs[] = {&o, &lse};
         check_writes(st, outs, 2, NULL);
+        break;
+    }
+    case 4: {
+        size_t bytes;
+        st = flashc_kvcache_workspace_size(be, &p, &kv, &q, &kc, &vc, append ? &dk : NULL,
+                                           append ? &dv : NULL, &o, &lse, &bytes);
+        check_writes(FLASHC_ERROR_INTERNAL, NULL, 0, NULL); /* a query writes nothing */
         break;
     }
     default: {
