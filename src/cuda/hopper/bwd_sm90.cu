@@ -230,8 +230,8 @@ struct sm90_bwd_layout {
     static constexpr uint32_t DQ_OFF = DS_OFF + DS_BUFS * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
-    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with
-     * with a lag: ds_full[consumer][buffer], ds_read[consumer][buffer] */
+    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with a lag:
+     * ds_full[consumer][buffer], ds_read[consumer][buffer] */
     static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0);
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
     static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
