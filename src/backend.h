@@ -112,8 +112,8 @@ typedef struct flashc_backend_ops {
                                      const flashc_tensor *v_new, flashc_tensor *out,
                                      flashc_tensor *lse);
     /* Optional: bytes of pr->base.workspace that forward_kvcache uses when one is given (0 or
-     * NULL: it never uses one). forward_kvcache is only called with a workspace of at least
-     * this size. */
+     * NULL: it never uses one). A forward_kvcache that uses a workspace answers one smaller
+     * than this with FLASHC_ERROR_WORKSPACE_TOO_SMALL before it writes anything. */
     size_t (*kvcache_workspace_size)(void *state, const struct flashc_kvcache_problem *pr);
 } flashc_backend_ops;
 

@@ -477,14 +477,6 @@ static flashc_status build_kvcache(flashc_backend *backend, const flashc_params 
     return FLASHC_OK;
 }
 
-/* Bytes of params->workspace the backend's decode takes (0: it needs none). */
-static size_t kvcache_workspace(const flashc_backend *backend, const flashc_kvcache_problem *pr)
-{
-    return backend->ops->kvcache_workspace_size
-               ? backend->ops->kvcache_workspace_size(backend->state, pr)
-               : 0;
-}
-
 flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_params *params,
                                      const flashc_kvcache_params *kv,
                                      const flashc_tensor *q, flashc_tensor *k_cache,
@@ -494,14 +486,8 @@ flashc_status flashc_forward_kvcache(flashc_backend *backend, const flashc_param
 {
     flashc_kvcache_problem pr;
     TRY(build_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse, &pr));
-    if (pr.base.workspace) {
-        const size_t need = kvcache_workspace(backend, &pr);
-        if (pr.base.workspace_size < need)
-            return flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
-                                "params.workspace_size is %zu but this decode needs %zu bytes "
-                                "(flashc_kvcache_workspace_size)",
-                                pr.base.workspace_size, need);
-    }
+    /* a backend that uses the workspace checks its size against its own plan of the call
+     * (planning it here as well would do the work twice on every decode step) */
     return backend->ops->forward_kvcache(backend->state, &pr, q, k_cache, v_cache, k_new, v_new,
                                          out, lse);
 }
@@ -518,6 +504,7 @@ flashc_status flashc_kvcache_workspace_size(flashc_backend *backend, const flash
         return flashc_error(FLASHC_ERROR_NULL_POINTER, "bytes: output pointer is NULL");
     flashc_kvcache_problem pr;
     TRY(build_kvcache(backend, params, kv, q, k_cache, v_cache, k_new, v_new, out, lse, &pr));
-    *bytes = kvcache_workspace(backend, &pr);
+    const flashc_backend_ops *ops = backend->ops;
+    *bytes = ops->kvcache_workspace_size ? ops->kvcache_workspace_size(backend->state, &pr) : 0;
     return FLASHC_OK;
 }

@@ -789,16 +789,21 @@ flashc_status fc_cuda_forward_kvcache(void *state, const flashc_kvcache_problem 
         fc_guard_leave(&guard);
         return st;
     }
-    /* a caller's workspace (flashc_forward_kvcache checked its size) */
-    if (bp->workspace && pl.ws_bytes > 0 &&
-        ((st = fc_check_device_pointer(s, bp->workspace, "params.workspace")) != FLASHC_OK ||
-         (uintptr_t)bp->workspace % 256 != 0)) {
-        fc_guard_leave(&guard);
-        return st != FLASHC_OK ? st
-                               : flashc_error(FLASHC_ERROR_INVALID_POINTER,
-                                              "params.workspace: pointer %p is not 256-byte "
-                                              "aligned",
-                                              bp->workspace);
+    /* a caller's workspace: large enough for this plan, device memory, 256-byte aligned */
+    if (bp->workspace && pl.ws_bytes > 0) {
+        if (bp->workspace_size < pl.ws_bytes)
+            st = flashc_error(FLASHC_ERROR_WORKSPACE_TOO_SMALL,
+                              "params.workspace_size is %zu but this decode needs %zu bytes "
+                              "(flashc_kvcache_workspace_size)",
+                              bp->workspace_size, pl.ws_bytes);
+        else if ((st = fc_check_device_pointer(s, bp->workspace, "params.workspace")) == FLASHC_OK &&
+                 (uintptr_t)bp->workspace % 256 != 0)
+            st = flashc_error(FLASHC_ERROR_INVALID_POINTER,
+                              "params.workspace: pointer %p is not 256-byte aligned", bp->workspace);
+        if (st != FLASHC_OK) {
+            fc_guard_leave(&guard);
+            return st;
+        }
     }
     cudaStream_t stream = (cudaStream_t)bp->stream;
     const int bf16 = bp->dtype == FLASHC_BF16;
