@@ -110,7 +110,7 @@ static void pack_task(void *ctx, int64_t task, int thread)
     backward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     int64_t b, hk, kblock;
-    flashc_cpu_pack_task_of(&job->kb, pr->heads_kv, task, &b, &hk, &kblock);
+    flashc_cpu_task_of(&job->kb, pr->heads_kv, task, &b, &hk, &kblock);
     const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N, s0 = sq.k0 + j0;
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);

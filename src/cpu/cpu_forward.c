@@ -43,8 +43,9 @@ typedef struct forward_job {
     void *kpack, *vpack; /* per sequence b: [heads_kv][key blocks of b][block_elems] */
     uint64_t *vbad;      /* per packed block: its V rows that hold a NaN or inf */
     uint64_t *kbad;      /* split path: per packed block, 1 if its K holds a NaN or inf */
-    int group;           /* query blocks per task (fixed length; 1 for varlen) */
-    int64_t tasks_per_head;
+    int group;           /* query blocks per task, at most (sizes the scratch) */
+    int forced_group;    /* FLASHC_CPU_FWD_GROUP, 0 if unset */
+    cpu_blocks tasks;    /* the tasks of one head of each sequence (forward_task) */
     cpu_scratch scratch;
 } forward_job;
 
@@ -89,7 +90,7 @@ static void pack_task(void *ctx, int64_t task, int thread)
     forward_job *job = ctx;
     const flashc_problem *pr = job->pr;
     int64_t b, hk, kblock;
-    flashc_cpu_pack_task_of(&job->kb, pr->heads_kv, task, &b, &hk, &kblock);
+    flashc_cpu_task_of(&job->kb, pr->heads_kv, task, &b, &hk, &kblock);
     const flashc_seq sq = flashc_seq_of(pr, b);
     const int64_t j0 = kblock * FLASHC_CPU_BLOCK_N;
     const int n = flashc_cpu_block_len(sq.nk, j0, FLASHC_CPU_BLOCK_N);
@@ -393,8 +394,25 @@ static void block_end(const forward_job *job, fwd_block *blk)
     store_out_rows(job, blk->acc, &blk->sq, blk->i0, blk->m, blk->h, inv);
 }
 
-/* Pass 2: one task is job->group query blocks of one (sequence, head) (one for varlen). The
- * group's blocks take each softmax step's keys in turn, so the packed K/V of the step is
+/* Query blocks per task for a sequence of nk keys: two where a head's packed K/V would fill
+ * a core's L2 (2 MiB on the Xeons measured), one where it fits. FLASHC_CPU_FWD_GROUP=1 or 2
+ * sets it for every sequence, so that tests reach both on small shapes (the result is the
+ * same either way). */
+static int task_group(const forward_job *job, int64_t nk)
+{
+    if (job->forced_group)
+        return job->forced_group;
+    return 2 * (size_t)nk * (size_t)job->dp * elem_size(job) >= ((size_t)2 << 20) ? MAX_GROUP : 1;
+}
+
+static int forced_group(void)
+{
+    const char *env = getenv("FLASHC_CPU_FWD_GROUP");
+    const int g = env ? atoi(env) : 0;
+    return g >= 1 && g <= MAX_GROUP ? g : 0;
+}
+
+/* Pass 2: one task is task_group() query blocks of one (sequence, head). The group's blocks take each softmax step's keys in turn, so the packed K/V of the step is
  * read from memory once for all of them while it is in cache: at 4k keys and head dim 128
  * a head's packed K/V (2 MiB) no longer fits L2 and was read again for every block. Each
  * block runs the same steps in the same order whatever the group, so the result does not
@@ -407,25 +425,17 @@ static void forward_task(void *ctx, int64_t task, int thread)
     const fwd_step_bufs w = step_bufs_of(scratch);
     fwd_block blks[MAX_GROUP];
     int nblk = 0;
-    if (!job->qb.start) {
-        /* fixed length: the query blocks of one head in a row, so the threads working on a
-         * head read its packed K/V from their own L2 rather than each task bringing in
-         * another head's; within a head the last blocks (longest under causal) first, so
-         * the shortest tasks are the ones left to balance the threads at the end */
-        const int64_t bh = task / job->tasks_per_head;
-        const int64_t first = job->qb.per_seq - 1 - task % job->tasks_per_head * job->group;
-        for (int g = 0; g < job->group && first - g >= 0; g++, nblk++)
-            block_begin(job, &blks[g], bh / pr->heads_q, bh % pr->heads_q, first - g,
-                        scratch + step_scratch_floats(job->dp) + block_scratch_floats(job->dp) * g);
-    } else {
-        const int64_t u = task / pr->heads_q;
-        const int64_t b = flashc_cpu_blocks_seq(&job->qb, u);
-        const int64_t qblock = flashc_cpu_blocks_count(&job->qb, b) - 1 -
-                               (u - flashc_cpu_blocks_start(&job->qb, b));
-        block_begin(job, &blks[0], b, task % pr->heads_q, qblock,
-                    scratch + step_scratch_floats(job->dp));
-        nblk = 1;
-    }
+    /* The tasks of a sequence run head by head, so the threads working on a head read its
+     * packed K/V from their own L2 rather than each task bringing in another head's; within
+     * a head the last blocks (longest under causal) first, so the shortest tasks are the
+     * ones left to balance the threads at the end. */
+    int64_t b, h, nth;
+    flashc_cpu_task_of(&job->tasks, pr->heads_q, task, &b, &h, &nth);
+    const int group = task_group(job, flashc_seq_of(pr, b).nk);
+    const int64_t first = flashc_cpu_blocks_count(&job->qb, b) - 1 - nth * group;
+    for (int g = 0; g < group && first - g >= 0; g++, nblk++)
+        block_begin(job, &blks[g], b, h, first - g,
+                    scratch + step_scratch_floats(job->dp) + block_scratch_floats(job->dp) * g);
     /* steps on a grid of STEP_BLOCKS from key block 0, the same for every block */
     int64_t start = blks[0].jb0, end = 0;
     for (int g = 0; g < nblk; g++) {
@@ -466,17 +476,14 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     /* everything is allocated before the first output write: packed K, packed V, the varlen
      * block tables, then the threads' scratch, in one workspace */
     const size_t table_bytes =
-        varlen ? flashc_cpu_line_bytes(2 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
+        varlen ? flashc_cpu_line_bytes(3 * (size_t)(nseq + 1) * sizeof(int64_t)) : 0;
     cpu_workspace ws;
     const int64_t ktotal = flashc_cpu_total_blocks(pr, 1);
     const size_t pack_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) *
                                                     job.block_elems * elem_size(&job));
     const int threads = flashc_threadpool_size(st->pool);
-    /* two query blocks a task where a head's packed K/V would fill a core's L2 (2 MiB on
-     * the Xeons measured), one where it fits or the sequences have their own lengths */
-    const size_t head_kv_bytes =
-        2 * (size_t)pr->seqlen_k * (size_t)job.dp * elem_size(&job);
-    job.group = !varlen && head_kv_bytes >= ((size_t)2 << 20) ? MAX_GROUP : 1;
+    job.forced_group = forced_group();
+    job.group = task_group(&job, pr->max_seqlen_k);
     const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp, job.group));
     const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8) * 2;
     flashc_status status = flashc_cpu_workspace_get(
@@ -496,10 +503,20 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
     job.scratch.base = (float *)(ws.base + 2 * pack_bytes + bad_bytes + table_bytes);
     job.scratch.floats_per_thread = scratch_floats;
     flashc_threadpool_run(st->pool, job.kb.total * pr->heads_kv, pack_task, &job);
-    job.tasks_per_head = flashc_cpu_blocks(job.qb.per_seq, job.group);
-    const int64_t tasks =
-        varlen ? job.qb.total * pr->heads_q : pr->batch * pr->heads_q * job.tasks_per_head;
-    flashc_threadpool_run(st->pool, tasks, forward_task, &job);
+    /* tasks per head of each sequence: its query blocks over its group */
+    job.tasks.nseq = nseq;
+    job.tasks.per_seq = flashc_cpu_blocks(job.qb.per_seq, job.group);
+    job.tasks.start = NULL;
+    if (varlen) {
+        int64_t *start = tables + 2 * (nseq + 1);
+        start[0] = 0;
+        for (int64_t b = 0; b < nseq; b++)
+            start[b + 1] = start[b] + flashc_cpu_blocks(flashc_cpu_blocks_count(&job.qb, b),
+                                                        task_group(&job, flashc_seq_of(pr, b).nk));
+        job.tasks.start = start;
+    }
+    job.tasks.total = flashc_cpu_blocks_start(&job.tasks, nseq);
+    flashc_threadpool_run(st->pool, job.tasks.total * pr->heads_q, forward_task, &job);
     flashc_cpu_workspace_put(st, &ws);
     return FLASHC_OK;
 }

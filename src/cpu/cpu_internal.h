@@ -147,7 +147,7 @@ static inline int64_t flashc_cpu_blocks_seq(const cpu_blocks *bl, int64_t u)
 
 /* Index of key block kblock of kv head hk of sequence b in the packed K/V layout: the blocks
  * of sequence b start at blocks_start(b) * heads_kv, grouped by kv head (for a fixed-length
- * batch: [batch * heads_kv][k_blocks]). The inverse of flashc_cpu_pack_task_of. */
+ * batch: [batch * heads_kv][k_blocks]). The inverse of flashc_cpu_task_of. */
 static inline size_t flashc_cpu_packed_index(const cpu_blocks *kb, int64_t heads_kv, int64_t b,
                                              int64_t hk, int64_t kblock)
 {
@@ -155,16 +155,19 @@ static inline size_t flashc_cpu_packed_index(const cpu_blocks *kb, int64_t heads
                     hk * flashc_cpu_blocks_count(kb, b) + kblock);
 }
 
-/* The (sequence, kv head, key block) of a packing task: tasks run over the key blocks of every
- * sequence, heads_kv of them per block, in the packed layout's order. */
-static inline void flashc_cpu_pack_task_of(const cpu_blocks *kb, int64_t heads_kv, int64_t task,
-                                           int64_t *b, int64_t *hk, int64_t *kblock)
+/* The (sequence, head, block) of task number task of heads x (blocks of every sequence):
+ * sequence by sequence and, within one, head by head, so that consecutive tasks share a
+ * head's rows (the packed layout's order for packing tasks; for query-block tasks the blocks
+ * of one head follow each other while its packed K/V is in cache). */
+static inline void flashc_cpu_task_of(const cpu_blocks *bl, int64_t heads, int64_t task,
+                                      int64_t *b, int64_t *h, int64_t *block)
 {
-    *b = flashc_cpu_blocks_seq(kb, task / heads_kv);
-    const int64_t within = task - flashc_cpu_blocks_start(kb, *b) * heads_kv;
-    const int64_t nkb = flashc_cpu_blocks_count(kb, *b);
-    *hk = within / nkb;
-    *kblock = within % nkb;
+    /* sequence b's tasks are [start(b) heads, (start(b) + count(b)) heads) */
+    *b = flashc_cpu_blocks_seq(bl, task / heads);
+    const int64_t within = task - flashc_cpu_blocks_start(bl, *b) * heads;
+    const int64_t count = flashc_cpu_blocks_count(bl, *b);
+    *h = within / count;
+    *block = within % count;
 }
 
 /* Blocks of the query side (keys = 0) or key side (keys = 1) over every sequence. */
