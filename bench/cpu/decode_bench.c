@@ -15,7 +15,8 @@
  *     DTYPE bf16 (default), f16 or f32; CASES a comma-separated list of BATCHxKEYS (e.g.
  *     1x8k,1x128k,8x32k) to run only those shapes (both layouts), default all
  *
- * Prints a markdown table. Each time is the median of 5 calls after a warm-up; the result of
+ * Prints a markdown table. Each time is the median of 5 calls (DECODE_BENCH_REPS=N: N) after a
+ * warm-up; the result of
  * the first call is checked against flashc's reference backend on a small case beforehand.
  */
 #include <math.h>
@@ -190,21 +191,29 @@ static double time_decode(flashc_backend *be, const decode_case *c, double *kv_b
         kv.block_table = table;
         kv.max_pages_per_seq = (int32_t)pages_per_seq;
     }
-    double times[5], result = -1;
+    /* DECODE_BENCH_REPS=N: N timed calls (for profiles), else 5 */
+    const char *reps_env = getenv("DECODE_BENCH_REPS");
+    const int reps = reps_env && atoi(reps_env) > 5 ? atoi(reps_env) : 5;
+    double *times = malloc((size_t)reps * sizeof(double)), result = -1;
+    if (!times) {
+        fprintf(stderr, "out of memory\n");
+        goto done;
+    }
     flashc_status st = flashc_forward_kvcache(be, &p, &kv, &tq, &tk, &tv, NULL, NULL, &to, &tl);
     if (st != FLASHC_OK) {
         fprintf(stderr, "flashc_forward_kvcache: %s\n", flashc_last_error());
         goto done;
     }
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < reps; r++) {
         double t0 = now();
         flashc_forward_kvcache(be, &p, &kv, &tq, &tk, &tv, NULL, NULL, &to, &tl);
         times[r] = now() - t0;
     }
-    qsort(times, 5, sizeof times[0], cmp_double);
-    result = times[2];
+    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+    result = times[reps / 2];
     *kv_bytes = 2.0 * (double)(B * L) * (double)row;
 done:
+    free(times);
     free(kc);
     free(vc);
     free(q);

@@ -363,11 +363,12 @@ static void test_grid(void)
                     c.share_page = paged == 1 && !append;
                     run_case(&c, di == 0 && append ? split_set : auto_only, seed++);
                 }
-    /* long caches: 5000 keys, GQA 8:1 and 4:2, every split count */
-    for (int di = 0; di < 3; di++) {
+    /* long caches: 5000 keys, GQA 8:1 and 4:2, every split count; the last bf16 again in
+     * pages of 16 (the tile kernels read a page's rows in place, 16 keys at a time) */
+    for (int di = 0; di < 4; di++) {
         kv_case c;
         memset(&c, 0, sizeof c);
-        c.dtype = dtypes[di];
+        c.dtype = dtypes[di < 3 ? di : 2];
         c.batch = 2;
         c.seqlens = lens_long;
         c.nq = 4;
@@ -375,7 +376,7 @@ static void test_grid(void)
         c.heads_kv = di == 2 ? 2 : 1;
         c.dim = 128;
         c.nnew = 4;
-        c.page_size = di == 1 ? 64 : 0;
+        c.page_size = di == 1 ? 64 : di == 3 ? 16 : 0;
         c.causal = FLASHC_CAUSAL_BOTTOM_RIGHT;
         c.window_left = c.window_right = -1;
         run_case(&c, split_set, seed++);
