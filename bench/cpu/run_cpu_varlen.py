@@ -101,7 +101,8 @@ def main():
         lines.append(line)
     lines += ["", f"{met} of {len(rows)} rows within {TARGET}."]
     text = "\n".join(lines) + "\n"
-    out = a.out or os.path.join(ROOT, "bench", "results", f"varlen_cpu_{machine}_{date}.md")
+    name = f"varlen_cpu_{machine}_{date}_{a.threads}t{'_quick' if a.quick else ''}.md"
+    out = a.out or os.path.join(ROOT, "bench", "results", name)
     with open(out, "w") as f:
         f.write(text)
     print(text)
