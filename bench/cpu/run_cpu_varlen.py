@@ -17,7 +17,8 @@ calls' medians). GFLOP/s count 4 H D per visible (query, key) pair, x2.5 backwar
                                         [--base PATH] [--quick] [--out PATH]
 
 --base PATH times a second cpu_bench (another build of the library) in the same run, case by
-case, for before / after comparisons. Writes bench/results/varlen_cpu_<machine>_<date>.md
+case, for before / after comparisons. Writes
+bench/results/varlen_cpu_<machine>_<date>_<threads>t[_quick].md
 and prints it.
 """
 import argparse
