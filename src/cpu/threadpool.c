@@ -1,10 +1,15 @@
 /*
- * threadpool.c - pthread worker pool with an atomic task counter. Workers sleep on a
- * condition variable between jobs; the calling thread works on the job too.
+ * threadpool.c - pthread worker pool with an atomic task counter. The calling thread works on
+ * the job too. Between jobs a worker first watches for the next one for a short while
+ * (SPIN_NS), then sleeps on a condition variable: waking a sleeping thread costs tens of
+ * microseconds (a futex wake and a context switch), as much as a whole decode step over a
+ * short cache, and the calls of a model's layers follow each other closely. The caller
+ * likewise watches for the workers to finish before it sleeps.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cpu/threadpool.h"
 
@@ -15,14 +20,60 @@ struct flashc_threadpool {
     pthread_cond_t wake;   /* a new job or shutdown */
     pthread_cond_t done;   /* the last worker left the job */
     pthread_mutex_t run_lock; /* serializes flashc_threadpool_run callers */
-    uint64_t generation;   /* bumped for each job */
-    int shutdown;
-    int busy_workers;      /* workers still inside the current job */
+    atomic_uint_fast64_t generation; /* bumped for each job (under lock) */
+    atomic_int shutdown;
+    atomic_int busy_workers; /* workers still inside the current job (changed under lock) */
     flashc_task_fn fn;
     void *ctx;
     int64_t n_tasks;
     atomic_int_fast64_t next_task;
 };
+
+/* How long a thread watches for a change before it sleeps. */
+enum { SPIN_NS = 50000 };
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Polls ready(pool, arg) for up to SPIN_NS; the caller then sleeps if it is still not. */
+static void spin_until(int (*ready)(flashc_threadpool *, uint64_t), flashc_threadpool *pool,
+                       uint64_t arg)
+{
+    const int64_t end = monotonic_ns() + SPIN_NS;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (ready(pool, arg))
+                return;
+            cpu_relax();
+        }
+        if (monotonic_ns() > end)
+            return;
+    }
+}
+
+static int new_generation(flashc_threadpool *pool, uint64_t seen)
+{
+    return atomic_load_explicit(&pool->generation, memory_order_acquire) != seen;
+}
+
+static int workers_done(flashc_threadpool *pool, uint64_t unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&pool->busy_workers, memory_order_acquire) == 0;
+}
 
 typedef struct worker_arg {
     flashc_threadpool *pool;
@@ -45,18 +96,21 @@ static void *worker_main(void *p)
     free(p);
     flashc_threadpool *pool = arg.pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&pool->lock);
     for (;;) {
-        while (!pool->shutdown && pool->generation == seen)
+        /* a new job (or shutdown, which bumps the generation too) often comes soon */
+        spin_until(new_generation, pool, seen);
+        pthread_mutex_lock(&pool->lock);
+        while (!atomic_load(&pool->shutdown) && atomic_load(&pool->generation) == seen)
             pthread_cond_wait(&pool->wake, &pool->lock);
-        if (pool->shutdown)
+        if (atomic_load(&pool->shutdown))
             break;
-        seen = pool->generation;
+        seen = atomic_load(&pool->generation);
         pthread_mutex_unlock(&pool->lock);
         drain_tasks(pool, arg.thread);
         pthread_mutex_lock(&pool->lock);
-        if (--pool->busy_workers == 0)
+        if (atomic_fetch_sub(&pool->busy_workers, 1) == 1)
             pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->lock);
     }
     pthread_mutex_unlock(&pool->lock);
     return NULL;
@@ -104,6 +158,7 @@ void flashc_threadpool_destroy(flashc_threadpool *pool)
         return;
     pthread_mutex_lock(&pool->lock);
     pool->shutdown = 1;
+    pool->generation++; /* ends a worker's watch too */
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     for (int t = 1; t < pool->num_threads; t++)
@@ -144,6 +199,7 @@ void flashc_threadpool_run(flashc_threadpool *pool, int64_t n, flashc_task_fn fn
 
     drain_tasks(pool, 0);
 
+    spin_until(workers_done, pool, 0);
     pthread_mutex_lock(&pool->lock);
     while (pool->busy_workers > 0)
         pthread_cond_wait(&pool->done, &pool->lock);
