@@ -19,12 +19,13 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|x64)$")
     src/cpu/kernels_avx2.c
     src/cpu/kernels_avx512.c
     src/cpu/kernels_amx.c
+    src/cpu/kernels_amx_decode.c
   )
   target_compile_definitions(flashc_objects PRIVATE FLASHC_CPU_X86)
   set_source_files_properties(src/cpu/kernels_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   set_source_files_properties(src/cpu/kernels_avx512.c PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mfma")
-  set_source_files_properties(src/cpu/kernels_amx.c PROPERTIES
+  set_source_files_properties(src/cpu/kernels_amx.c src/cpu/kernels_amx_decode.c PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mfma;-mamx-tile;-mamx-bf16")
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   # Advanced SIMD is part of the AArch64 base architecture: no extra flags
