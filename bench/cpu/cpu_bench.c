@@ -183,21 +183,33 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int run_attn(int threads, const char *dts, const char *mode, long n, long d, int causal,
-                    long heads, long batch)
+static flashc_dtype dtype_of(const char *name)
 {
-    flashc_dtype dt = strcmp(dts, "f32") == 0 ? FLASHC_F32
-                      : strcmp(dts, "bf16") == 0 ? FLASHC_BF16
-                                                 : FLASHC_F16;
-    int bwd = strcmp(mode, "bwd") == 0;
+    return strcmp(name, "f32") == 0 ? FLASHC_F32 : strcmp(name, "bf16") == 0 ? FLASHC_BF16 : FLASHC_F16;
+}
+
+/* The CPU backend on `threads` threads, or NULL (said on stderr). */
+static flashc_backend *cpu_backend(int threads)
+{
     flashc_backend_config cfg;
     flashc_backend_config_init(&cfg);
     cfg.num_threads = threads;
     flashc_backend *be;
     if (flashc_backend_create("cpu", &cfg, &be) != FLASHC_OK) {
         fprintf(stderr, "cpu backend: %s\n", flashc_last_error());
-        return 1;
+        return NULL;
     }
+    return be;
+}
+
+static int run_attn(int threads, const char *dts, const char *mode, long n, long d, int causal,
+                    long heads, long batch)
+{
+    const flashc_dtype dt = dtype_of(dts);
+    int bwd = strcmp(mode, "bwd") == 0;
+    flashc_backend *be = cpu_backend(threads);
+    if (!be)
+        return 1;
     size_t elems = (size_t)batch * n * heads * d;
     unsigned seed = 12345;
     void *q = random_tensor(dt, elems, &seed), *k = random_tensor(dt, elems, &seed);
@@ -397,9 +409,7 @@ static double median_of(double *x, int n)
 static int run_varlen(int threads, const char *dts, const char *mode, const char *set, long total,
                       long d, int causal, long heads, long heads_kv)
 {
-    const flashc_dtype dt = strcmp(dts, "f32") == 0 ? FLASHC_F32
-                            : strcmp(dts, "bf16") == 0 ? FLASHC_BF16
-                                                       : FLASHC_F16;
+    const flashc_dtype dt = dtype_of(dts);
     const int bwd = strcmp(mode, "bwd") == 0;
     int len[MAX_SEQS], nseq = make_lengths(set, total, len);
     if (nseq == 0 || total < 1 || heads_kv < 1 || heads % heads_kv != 0) {
@@ -413,14 +423,9 @@ static int run_varlen(int threads, const char *dts, const char *mode, const char
         cu[i + 1] = cu[i] + len[i];
         maxlen = len[i] > maxlen ? len[i] : maxlen;
     }
-    flashc_backend_config cfg;
-    flashc_backend_config_init(&cfg);
-    cfg.num_threads = threads;
-    flashc_backend *be;
-    if (flashc_backend_create("cpu", &cfg, &be) != FLASHC_OK) {
-        fprintf(stderr, "cpu backend: %s\n", flashc_last_error());
+    flashc_backend *be = cpu_backend(threads);
+    if (!be)
         return 1;
-    }
     unsigned seed = 12345;
     call_tensors packed;
     if (!call_tensors_alloc(&packed, dt, 1, total, heads, heads_kv, d, &seed)) {
