@@ -412,8 +412,9 @@ static int forced_group(void)
     return g >= 1 && g <= MAX_GROUP ? g : 0;
 }
 
-/* Pass 2: one task is task_group() query blocks of one (sequence, head). The group's blocks take each softmax step's keys in turn, so the packed K/V of the step is
- * read from memory once for all of them while it is in cache: at 4k keys and head dim 128
+/* Pass 2: one task is task_group() query blocks of one (sequence, head). The group's blocks
+ * take each softmax step's keys in turn, so the packed K/V of the step is read from memory
+ * once for all of them while it is in cache: at 4k keys and head dim 128
  * a head's packed K/V (2 MiB) no longer fits L2 and was read again for every block. Each
  * block runs the same steps in the same order whatever the group, so the result does not
  * depend on it. */
