@@ -4,17 +4,21 @@
  * (SPIN_NS), then sleeps on a condition variable: waking a sleeping thread costs tens of
  * microseconds (a futex wake and a context switch), as much as a whole decode step over a
  * short cache, and the calls of a model's layers follow each other closely. The caller
- * likewise watches for the workers to finish before it sleeps.
+ * likewise watches for the workers to finish before it sleeps. A pool with more threads than
+ * the process has CPUs does not watch: its spinning threads would take the CPUs from the
+ * ones with work.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "cpu/cpu_features.h"
 #include "cpu/threadpool.h"
 
 struct flashc_threadpool {
     int num_threads;
+    int spin;              /* watch before sleeping (no more threads than CPUs) */
     pthread_t *workers;    /* num_threads - 1 of them */
     pthread_mutex_t lock;  /* guards the job fields and generation */
     pthread_cond_t wake;   /* a new job or shutdown */
@@ -52,6 +56,8 @@ static int64_t monotonic_ns(void)
 static void spin_until(int (*ready)(flashc_threadpool *, uint64_t), flashc_threadpool *pool,
                        uint64_t arg)
 {
+    if (!pool->spin)
+        return;
     const int64_t end = monotonic_ns() + SPIN_NS;
     for (;;) {
         for (int i = 0; i < 64; i++) {
@@ -124,6 +130,7 @@ flashc_threadpool *flashc_threadpool_create(int num_threads)
     if (!pool)
         return NULL;
     pool->num_threads = num_threads;
+    pool->spin = num_threads <= flashc_cpu_count();
     pthread_mutex_init(&pool->lock, NULL);
     pthread_mutex_init(&pool->run_lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
