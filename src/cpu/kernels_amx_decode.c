@@ -22,9 +22,10 @@
 
 enum { DEC_MAX_STEPS = FLASHC_MAX_HEAD_DIM / 32 };
 
-/* The lines of the rows the caller reads next, asked for a few at a time between the tile
- * products: memory stays busy while the tiles work, where one burst of requests would stall
- * on the core's few line-fill buffers and leave memory idle for the rest of the call. */
+/* The lines of the rows the caller reads next, asked for into L2 a few at a time between the
+ * tile products: memory stays busy while the tiles work, where one burst of requests would
+ * stall on the core's few line-fill buffers and leave memory idle for the rest of the call
+ * (docs/PERF.md has the placements measured). */
 typedef struct amx_prefetcher {
     const void *const *rows;
     int n, row;
