@@ -445,6 +445,10 @@ static int run_varlen(int threads, const char *dts, const char *mode, const char
     /* the groups: distinct lengths > 0, each with its sequences' rows copied out */
     int glen[MAX_SEQS], gcount[MAX_SEQS], ngroups = 0;
     call_tensors *groups = calloc(MAX_SEQS, sizeof *groups);
+    if (!groups) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     for (int i = 0; i < nseq; i++) {
         if (len[i] == 0)
             continue;
@@ -512,7 +516,11 @@ static int run_varlen(int threads, const char *dts, const char *mode, const char
         }
     }
 
-    double vt[64], *ft = calloc((size_t)ngroups * 64, sizeof *ft);
+    double vt[64], *ft = calloc((size_t)ngroups * 64 + 1, sizeof *ft);
+    if (!ft) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     int reps = 0;
     double spent = 0;
     const char *fixed_env = getenv("CPU_BENCH_REPS");
