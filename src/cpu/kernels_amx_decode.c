@@ -60,16 +60,46 @@ static void amx_decode_s_rows(float st[4][256], int groups, float scale, float *
                                            _mm512_i32gather_ps(down, st[g] + j, sizeof(float))));
 }
 
+/* A 16 x 16 matrix of 32-bit units, one row per register, transposed in place. */
+static inline void amx_transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) { /* 2 x 2 blocks of units */
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* 4 x 4 blocks */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 8; i++) { /* 128-bit lanes: 8 x 8, then 16 x 16 */
+        const int a = (i & 3) + (i & 4 ? 8 : 0);
+        t[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
+        t[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
 /* Q^T of rows [r0, r0 + 16) of q16 (stride dp), one B tile per 32 dims: unit k of row j of
- * tile `step` is the dim pair (32 step + 2k, + 1) of row r0 + j; rows past m are zero. */
+ * tile `step` is the dim pair (32 step + 2k, + 1) of row r0 + j; rows past m are zero. The
+ * rows' dim pairs are 32-bit units, so this is a transposition of 16 x 16 units per tile. */
 static void amx_decode_qt(uint32_t *qt, const uint16_t *q16, int r0, int m, int dp)
 {
-    const int pairs = dp / 2, mr = m - r0 < 16 ? m - r0 : 16;
-    memset(qt, 0, (size_t)pairs * 16 * sizeof(uint32_t));
-    for (int j = 0; j < mr; j++) {
-        const uint16_t *row = q16 + (ptrdiff_t)(r0 + j) * dp;
-        for (int k = 0; k < pairs; k++)
-            memcpy(&qt[(size_t)k * 16 + j], row + 2 * k, sizeof(uint32_t));
+    const int mr = m - r0 < 16 ? m - r0 : 16;
+    for (int step = 0; step < dp / 32; step++) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] = j < mr ? _mm512_loadu_si512((const void *)(q16 + (ptrdiff_t)(r0 + j) * dp +
+                                                               32 * step))
+                          : _mm512_setzero_si512();
+        amx_transpose16_epi32(r);
+        for (int k = 0; k < 16; k++)
+            _mm512_store_si512((void *)(qt + (size_t)step * 256 + 16 * k), r[k]);
     }
 }
 
