@@ -133,6 +133,14 @@ template <int NC> struct sm90_cta {
 #define SM90_BAR_EPI0 (SM90_BAR_SCHED0 + SM90_MAX_CONSUMERS)
 #define SM90_BAR_VTAIL (SM90_BAR_EPI0 + SM90_MAX_CONSUMERS)
 
+/* The token at a tile's end. Off: the last consumer hands consumer 0 the token at the start of
+ * its next tile, so consumer 0's first S = Q K^T of a tile waits for the last consumer's whole
+ * epilogue. On: the last consumer hands it over right after issuing its last P V product, as
+ * the others do, and consumer 0 takes the one left over when the CTA runs out of tiles. */
+#ifndef FC_SM90_FWD_EARLY_TOKEN
+#define FC_SM90_FWD_EARLY_TOKEN 0
+#endif
+
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
  * (a row block sees keys up to its diagonal), so they go longest first, in sections of
@@ -570,6 +578,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw + 1) % NC;
         int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
         uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
+        bool token_out = false; /* early token: the last consumer has handed one over */
 
         for (;;) {
             sm90_mbar_wait(q_full, q_ph); /* Q is in, or (no key) the tile is ours to store */
@@ -619,8 +628,11 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }                                                                                   \
         } while (0)
 
-                /* consumer 0 issues first: the last one hands it the token */
-                if (cw == NC - 1) sm90_bar_arrive(SM90_BAR_SCHED0, 256);
+                /* consumer 0 issues first: the last one hands it the token (with the early
+                 * token, only before its first tile; then at each tile's last P V) */
+                if (cw == NC - 1 && !(FC_SM90_FWD_EARLY_TOKEN && token_out))
+                    sm90_bar_arrive(SM90_BAR_SCHED0, 256);
+                token_out = true;
 
                 /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
                  * ring slot (blocks_done + i) % STAGES, filled for the ((blocks_done + i) /
@@ -688,9 +700,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
-                /* Last: finish block n_blocks-1 and issue its P V. The last consumer skips the
-                 * hand-over (it hands consumer 0 the token at the next tile's start), so that
-                 * every arrival on a scheduling barrier meets a sync within the tile. */
+                /* Last: finish block n_blocks-1 and issue its P V. Without the early token the
+                 * last consumer skips the hand-over (it hands consumer 0 the token at the next
+                 * tile's start), so that every arrival on a scheduling barrier meets a sync
+                 * within the tile. */
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
@@ -704,7 +717,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
                 sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
-                if (cw != NC - 1) sm90_bar_arrive(other_bar, 256);
+                if (cw != NC - 1 || FC_SM90_FWD_EARLY_TOKEN) sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
                 sm90_wgmma_wait<0>();
@@ -777,6 +790,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_mbar_arrive(q_empty);
             }
         }
+        /* early token: the last consumer's hand-over after the CTA's last tile */
+        if (FC_SM90_FWD_EARLY_TOKEN && cw == 0 && token_out) sm90_bar_sync(SM90_BAR_SCHED0, 256);
         /* the last O store must have read its tile before the CTA's shared memory goes */
         if (L::SEP_O && t == 0) sm90_bulk_wait_read();
     }
