@@ -604,6 +604,13 @@ static void build_grid(int small)
         c = add_case(FLASHC_F16, 1, 150, 150, 2, 2, 128, 0, LAYOUT_BSHD);
         set_dropout(c, 0.25f, 5, 77);
         name_case(c, "small hopper dropout");
+        /* the plain kernels' varlen form (no feature; d64 on three consumers), non-causal and
+         * bottom-right causal (rows above the diagonal of a short key side see nothing) */
+        for (int i = 0; i < 4; i++) {
+            c = add_varlen(i & 1 ? FLASHC_BF16 : FLASHC_F16, 4, lq, lk, 2, 1, 64 << (i >> 1), i & 1, LAYOUT_PADDED);
+            c->max_given = i >> 1;
+            name_case(c, "small hopper varlen plain");
+        }
         return;
     }
     /* odd sizes over every head dim, causal modes, both dtypes; GQA 2:1 */

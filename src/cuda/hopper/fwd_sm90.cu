@@ -173,7 +173,7 @@ template <int FEAT>
 static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p, const sm90_fwd_feat &f, int b)
 {
     sm90_seq s;
-    if (FEAT == 2) {
+    if (FEAT >= 2) {
         fc_varlen_rows(f.cu_q, f.cu_k, b, p.seqlen_q, p.seqlen_k, &s.q0, &s.nq, &s.k0, &s.nk);
         s.off = f.top_left ? 0 : s.nk - s.nq;
         s.tb = 0;
@@ -263,7 +263,7 @@ static __device__ __forceinline__ int sm90_key_hi(const sm90_seq &q, const sm90_
 }
 
 /* Key blocks [first, first + n) that some row of the m-block starting at m0 sees. The plain
- * kernel walks from block 0 to the causal end; a feature kernel only over the band of its
+ * kernels walk from block 0 to the causal end; a feature kernel only over the band of its
  * first and last row, so the blocks outside a window are never loaded. Producer and
  * consumers compute the same range for the same tile, which keeps the pipeline's phases in
  * step. */
@@ -273,12 +273,12 @@ static __device__ __forceinline__ void sm90_key_blocks(const sm90_fwd_params &p,
 {
     const int last = min(m0 + BM, q.nq) - 1;
     first = 0;
-    if (!FEAT) {
+    if (FEAT >= 2 && m0 >= q.nq) { /* varlen: an m-block past a short sequence's end */
+        n = 0;
+    } else if (FEAT == 0 || FEAT == 3) {
         int n_end = q.nk;
         if (p.causal) n_end = min(n_end, last + q.off + 1);
         n = n_end > 0 ? (n_end + BN - 1) / BN : 0;
-    } else if (m0 >= q.nq) { /* varlen: an m-block past a short sequence's end */
-        n = 0;
     } else {
         const int lo = sm90_key_lo(q, f, m0), hi = sm90_key_hi(q, f, last);
         n = 0;
@@ -452,7 +452,9 @@ static __device__ __forceinline__ void sm90_store_o_rows(const sm90_fwd_feat &f,
  * band only, each block's scores are transformed and band-masked before the softmax, and its
  * P loses the dropped entries after it. FEAT = 2
  * is FEAT = 1 over a variable-length batch (its own instantiation: the per-sequence bounds
- * live in registers, which the fixed-length kernels read from the parameters instead). */
+ * live in registers, which the fixed-length kernels read from the parameters instead), and
+ * FEAT = 3 is FEAT = 0 over one: per-sequence bounds and causal masking only, without the
+ * band, transform and dropout state that would otherwise hold registers across the loop. */
 template <int D, int BN, int STAGES, int NC, int BF16, int FEAT>
 __global__ void __launch_bounds__(sm90_cta<NC>::THREADS, 1)
 fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -463,6 +465,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     typedef sm90_fwd_layout<D, BN, STAGES, NC> L;
     constexpr int BM = sm90_cta<NC>::BM;
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+    constexpr bool VARLEN = FEAT >= 2, FEATS = FEAT == 1 || FEAT == 2;
 
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = sm90_smem_addr(smem_raw);
@@ -609,18 +612,18 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * its last row. */
                 int band_lo_last = 0, band_hi_first = 0, alibi_d0 = 0;
                 float slope2 = 0.f;
-                if (FEAT) {
+                if (FEATS) {
                     band_lo_last = sm90_key_lo(sq, f, wrow0 + 63);
                     band_hi_first = sm90_key_hi(sq, f, wrow0);
                     alibi_d0 = row0 + sq.off - 2 * (lane & 3);
                     if (f.alibi_on) slope2 = f.alibi[b * f.alibi_sb + h] * 1.4426950408889634f;
                 }
 #define SM90_NEED_MASK(n0_)                                                                     \
-        (FEAT ? ((n0_) < band_lo_last || (n0_) + BN > band_hi_first)                            \
+        (FEATS ? ((n0_) < band_lo_last || (n0_) + BN > band_hi_first)                            \
               : ((n0_) + BN > sq.nk || (p.causal && (n0_) + BN - 1 > wrow0 + sq.off)))
 #define SM90_SCORES(n0_)                                                                        \
         do {                                                                                    \
-            if (FEAT) {                                                                         \
+            if (FEATS) {                                                                        \
                 if (f.transform) sm90_transform<BN>(s, f, slope2, alibi_d0 - (n0_));            \
                 if (SM90_NEED_MASK(n0_)) sm90_mask_band<BN>(s, n0_, row0, sq, f, lane);         \
             } else if (SM90_NEED_MASK(n0_)) {                                                   \
@@ -643,7 +646,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* Block 0: S only. */
                 int n0 = (first_block + n_blocks - 1) * BN;
                 /* varlen: the rows of block 0's V tile from vtail on are the next sequence's */
-                const int vtail = FEAT == 2 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
+                const int vtail = VARLEN && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
                                       ? sq.nk - n0 : BN;
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
                 sm90_bar_sync(my_bar, 256);
@@ -657,7 +660,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (L::SEP_O && n_blocks == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                if constexpr (FEAT != 0)
+                if constexpr (FEATS)
                     if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
 
                 for (int i = 1; i < n_blocks; i++) {
@@ -680,7 +683,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     n0 -= BN;
                     sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
                     sm90_mbar_wait(&v_full[SM90_STAGE(i - 1)], SM90_PHASE(i - 1));
-                    if (FEAT == 2 && i == 1 && vtail < BN)
+                    if (VARLEN && i == 1 && vtail < BN)
                         sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                     sm90_bar_sync(my_bar, 256);
                     sm90_wgmma_fence();
@@ -696,7 +699,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     if (L::SEP_O && i == n_blocks - 1) sm90_mbar_arrive(q_empty);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
-                    if constexpr (FEAT != 0)
+                    if constexpr (FEATS)
                         if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
@@ -712,7 +715,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
                 sm90_pack_p<BN, BF16>(pf, s);
                 sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
-                if (FEAT == 2 && n_blocks == 1 && vtail < BN)
+                if (VARLEN && n_blocks == 1 && vtail < BN)
                     sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
@@ -738,7 +741,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const float sum = sm90_quad_sum(l[hr]);
-                inv[hr] = sum > 0.f ? (FEAT && f.drop_on ? f.drop_scale : 1.f) / sum : 0.f;
+                inv[hr] = sum > 0.f ? (FEATS && f.drop_on ? f.drop_scale : 1.f) / sum : 0.f;
                 lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
             }
             /* O in 16 bits into this warpgroup's 64 rows of the O tile, in the 128-byte-swizzled
@@ -764,7 +767,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_fence_proxy_async();
             sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
             /* TMA clips rows only at the tensor's end: a varlen sequence's last rows go by hand */
-            const bool by_hand = FEAT == 2 && wrow0 < so.nq && wrow0 + 64 > so.nq;
+            const bool by_hand = VARLEN && wrow0 < so.nq && wrow0 + 64 > so.nq;
             const bool by_tma = wrow0 < so.nq && !by_hand;
             if (t == 0 && by_tma) {
 #pragma unroll
@@ -772,7 +775,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_tma_store_4d(&tm_o, o_rows + pn * (BM * 128), pn * 64, so.q0 + wrow0, h, so.tb);
                 sm90_bulk_commit();
             }
-            if (FEAT == 2 && by_hand) sm90_store_o_rows<D, BM>(f, o_rows, so, wrow0, so.nq - wrow0, h, t);
+            if (VARLEN && by_hand) sm90_store_o_rows<D, BM>(f, o_rows, so, wrow0, so.nq - wrow0, h, t);
             if ((lane & 3) == 0) {
                 float *lse = p.lse + so.tb * p.lse_sb + h * p.lse_sh;
 #pragma unroll
@@ -800,20 +803,25 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-/* Tile shapes per head dim and kernel kind, SM90_PLAIN (causal or not) or SM90_FEAT (window,
- * softcap, ALiBi, dropout, varlen): keys per block BN, pipeline stages and consumer
- * warpgroups NC (query rows BM = 64 NC). Registers per consumer thread: S BN/2 + P BN/4 +
- * O D/2. d64 plain: three consumers of 160 registers (64 + 32 + 32 live), so that two
+/* Tile shapes per head dim and kernel kind, SM90_PLAIN (causal or not, fixed-length or varlen)
+ * or SM90_FEAT (window, softcap, ALiBi, dropout): keys per block BN, pipeline stages and
+ * consumer warpgroups NC (query rows BM = 64 NC). Registers per consumer thread: S BN/2 + P
+ * BN/4 + O D/2. d64 plain: three consumers of 160 registers (64 + 32 + 32 live), so that two
  * warpgroups' exponentials run while the third's GEMMs hold the tensor cores (d64 is the head
- * dim where the exponentials nearly match the GEMM time); its feature kernel keeps two (with
- * three, the band and ALiBi state spill 68 bytes), its varlen kernel takes three
- * (sm90_launch_kind). d128: 128 x 128 (176-key blocks measured 0-4%
+ * dim where the exponentials nearly match the GEMM time); its feature kernels keep two (with
+ * three, the band and ALiBi state spill 56-68 bytes; sm90_launch_kind). d128: 128 x 128 (176-key blocks measured 0-4%
  * slower at 2k-4k). d256 plain: 80-key blocks (Q 64 KB + 2 stages of K and V at 40 KB fill
  * 225 KB of shared memory); its feature kernels keep 64 (at 80 they spill).
  * FC_SM90_FWD_TILES=0 builds the earlier shapes (BM 128 everywhere, BN 128 / 128 / 64), kept
  * for same-run comparisons in the standalone check. */
 #define SM90_PLAIN 0
 #define SM90_FEAT 1
+/* A varlen batch without window, softcap, ALiBi or dropout on the plain kernels' tile shapes
+ * and code (FEAT 3) rather than the feature kernel's (FEAT 2); 0 keeps FEAT 2 for every varlen
+ * batch, for comparisons. */
+#ifndef FC_SM90_FWD_VARLEN_PLAIN
+#define FC_SM90_FWD_VARLEN_PLAIN 1
+#endif
 #if defined(FC_SM90_FWD_TILES) && FC_SM90_FWD_TILES == 0
 #define FC_SM90_FWD_TILES_DEFAULT 0
 #define FC_SM90_FWD_CONFIGS(X)                                                                  \
@@ -954,19 +962,22 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     return err;
 }
 
-/* The kernel of one kind: plain (FEAT 0), features (FEAT 1) or, for a varlen batch, features
- * over per-sequence bounds (FEAT 2, compiled up to d128 only). The d64 varlen kernel takes
- * three consumer warpgroups like the plain one: ptxas spills 56 bytes there, a few local loads
- * per key block, and it measured 1-8% faster than with two (docs/PERF.md); the d64 feature
- * kernel keeps two (not measured with three). */
+/* The kernel of one kind: plain (FEAT 0; FEAT 3 for a varlen batch, on the plain kernel's
+ * tile shape: three consumer warpgroups at d64, no spills) or features (FEAT 1; FEAT 2 for a
+ * varlen batch), the varlen ones compiled up to d128 only. The d64 feature kernels keep two
+ * consumers: with three, ptxas spills their band state (56-68 bytes). Without
+ * FC_SM90_FWD_VARLEN_PLAIN every d64 varlen batch took FEAT 2 on three consumers, spills and
+ * all (1-8% faster than two there, docs/PERF.md). */
 template <int D, int KIND, int BN, int STAGES, int NC, int BF16>
 static cudaError_t sm90_launch_kind(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
                                     int rows, int seqs, cudaStream_t stream)
 {
     if constexpr (KIND != SM90_FEAT) {
+        if constexpr (D <= 128 && FC_SM90_FWD_VARLEN_PLAIN)
+            if (f->varlen) return sm90_launch<D, BN, STAGES, NC, BF16, 3>(a, p, f, rows, seqs, stream);
         return sm90_launch<D, BN, STAGES, NC, BF16, 0>(a, p, f, rows, seqs, stream);
     } else {
-        constexpr int VARLEN_NC = D == 64 && FC_SM90_FWD_TILES_DEFAULT ? 3 : NC;
+        constexpr int VARLEN_NC = D == 64 && FC_SM90_FWD_TILES_DEFAULT && !FC_SM90_FWD_VARLEN_PLAIN ? 3 : NC;
         if constexpr (D <= 128)
             if (f->varlen) return sm90_launch<D, BN, STAGES, VARLEN_NC, BF16, 2>(a, p, f, rows, seqs, stream);
         return sm90_launch<D, BN, STAGES, NC, BF16, 1>(a, p, f, rows, seqs, stream);
@@ -1002,10 +1013,12 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
      * stays on the plain one. */
     const int window = a->window && (a->window_left >= 0 || a->window_right >= 0);
     const int dropout = a->dropout_p > 0.f;
-    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL || varlen || dropout;
+    /* a varlen batch without these runs on the plain kernels' varlen form (FEAT 3) */
+    const int feat = window || a->softcap > 0.f || a->alibi_slopes != NULL || dropout ||
+                     (varlen && !FC_SM90_FWD_VARLEN_PLAIN);
     sm90_fwd_feat f;
     memset(&f, 0, sizeof f);
-    if (feat) {
+    if (feat || varlen) {
         f.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
         const int64_t wl = window ? a->window_left : -1, wr = window ? a->window_right : -1;
         const int64_t big = 0x7fffffff; /* wider than any sequence: the same as unbounded */
