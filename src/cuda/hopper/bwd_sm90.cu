@@ -135,6 +135,13 @@
 #define FC_SM90B_PINGPONG 0
 #endif
 
+/* A varlen batch without window, softcap, ALiBi or dropout on the plain kernel's code with
+ * per-sequence bounds (FEAT 3) rather than the feature kernel's (FEAT 2); 0 keeps FEAT 2 for
+ * every varlen batch, for comparisons. */
+#ifndef FC_SM90B_VARLEN_PLAIN
+#define FC_SM90B_VARLEN_PLAIN 1
+#endif
+
 /* Query rows per block (for every head dim, so far). */
 #define SM90B_BM(D) 64
 
@@ -189,7 +196,7 @@ template <int FEAT, typename P>
 static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int heads_q, int sqr)
 {
     sm90b_seq s;
-    if (FEAT == 2) {
+    if (FEAT >= 2) {
         fc_varlen_rows(p.cu_q, p.cu_k, b, p.seqlen_q, p.seqlen_k, &s.q0, &s.nq, &s.k0, &s.nk);
         s.off = p.top_left ? 0 : s.nk - s.nq;
         if (s.nq > p.max_q) s.nq = p.max_q;
@@ -422,11 +429,13 @@ static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off,
 /* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap, ALiBi and
  * dropout of sm90_bwd_params behind uniform run-time branches: the CTA walks only the query
  * blocks in its key block's band, and the scores get the forward's transform and band mask;
- * dS gets the softcap's derivative 1 - tanh^2, dP and P the forward's keep bits. FEAT = 2 is FEAT = 1 over a variable-length batch
- * (CTA batch b is sequence b). Its blocks may reach into the next sequence's rows: the K, V
- * rows past the sequence's keys and the Q, dO rows past its queries are zeroed in shared
- * memory before use (so that a zero P or dS never meets the neighbour's inf or NaN), and the
- * padded workspace rows past its queries have lse2 = +inf, so P is 0 there. */
+ * dS gets the softcap's derivative 1 - tanh^2, dP and P the forward's keep bits. FEAT = 2 is
+ * FEAT = 1 over a variable-length batch (CTA batch b is sequence b), FEAT = 3 is FEAT = 0 over
+ * one (per-sequence bounds and the causal mask only). A varlen CTA's blocks may reach into
+ * the next sequence's rows: the K, V rows past the sequence's keys and the Q, dO rows past its
+ * queries are zeroed in shared memory before use (so that a zero P or dS never meets the
+ * neighbour's inf or NaN), and the padded workspace rows past its queries have lse2 = +inf,
+ * so P is 0 there. */
 template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(SM90B_THREADS, 1)
 fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -438,6 +447,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     typedef sm90_bwd_layout<D, BM> L;
     constexpr int PANELS = D / 64;
     static_assert(BM == 64 && (D == 64 || D == 128), "tile shape");
+    /* FEAT 2 and 3: a varlen batch; FEAT 1 and 2: window, softcap, ALiBi, dropout */
+    constexpr bool VARLEN = FEAT >= 2, FEATS = FEAT == 1 || FEAT == 2;
 
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = sm90_smem_addr(smem_raw);
@@ -448,7 +459,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *dq_full = bars + 1 + 2 * STAGES, *dq_empty = dq_full + 2;
     constexpr int LAG = L::LAG, NDS = L::DS_BUFS;
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
-    constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && FEAT != 2;
+    constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
      * whose adders take turns on a semaphore) */
@@ -462,8 +473,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     /* Every thread reads its sequence from the prefix sums for the band below, which runs
      * before the barrier that publishes thread 0's copy in shared memory. */
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
-    if (FEAT == 2 && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
-    if (FEAT == 2 && tid == 0) {
+    if (VARLEN && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
+    if (VARLEN && tid == 0) {
         int *seq = (int *)(smem + L::SEQ_OFF);
         seq[0] = sq.off, seq[1] = sq.nq, seq[2] = sq.nk, seq[3] = (int)sq.ws0, seq[4] = sq.q0, seq[5] = sq.k0;
     }
@@ -472,24 +483,24 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
      * lengths: the parameters): the band's diagonal offset (off), the lengths, the first
      * rows, and the workspace row of (query head qh, block row m0). */
     const int *seq_s = (const int *)(smem + L::SEQ_OFF);
-#define SM90B_OFF (FEAT == 2 ? seq_s[0] : p.off)
-#define SM90B_LEN_Q (FEAT == 2 ? seq_s[1] : p.seqlen_q)
-#define SM90B_LEN_K (FEAT == 2 ? seq_s[2] : p.seqlen_k)
-#define SM90B_Q0 (FEAT == 2 ? seq_s[4] : 0)
-#define SM90B_K0 (FEAT == 2 ? seq_s[5] : 0)
-#define SM90B_TB (FEAT == 2 ? 0 : b)
+#define SM90B_OFF (VARLEN ? seq_s[0] : p.off)
+#define SM90B_LEN_Q (VARLEN ? seq_s[1] : p.seqlen_q)
+#define SM90B_LEN_K (VARLEN ? seq_s[2] : p.seqlen_k)
+#define SM90B_Q0 (VARLEN ? seq_s[4] : 0)
+#define SM90B_K0 (VARLEN ? seq_s[5] : 0)
+#define SM90B_TB (VARLEN ? 0 : b)
 #define SM90B_WS_ROW(qh_, m0_)                                                                 \
-    (FEAT == 2 ? (int64_t)seq_s[3] + (int64_t)(qh_) * p.sqr + (m0_) : ((int64_t)b * p.heads_q + (qh_)) * p.sqr + (m0_))
+    (VARLEN ? (int64_t)seq_s[3] + (int64_t)(qh_) * p.sqr + (m0_) : ((int64_t)b * p.heads_q + (qh_)) * p.sqr + (m0_))
 
     /* Query blocks [m_min, m_blocks) see a key of this block: with causal masking, query i
      * sees key j when j <= i + offset, so the first row that sees key n0 is n0 - offset.
      * Producer and consumers walk the same (query head, query block) list. */
     int m_min = 0, nm = p.m_blocks;
-    if (FEAT) {
+    if (FEATS) {
         /* the band read the other way: query i sees key j when
          * j - off - right <= i <= j - off + left, for the block's first and last key */
-        const int len_q = FEAT == 2 ? sq.nq : p.seqlen_q, len_k = FEAT == 2 ? sq.nk : p.seqlen_k;
-        const int off = FEAT == 2 ? sq.off : p.off;
+        const int len_q = VARLEN ? sq.nq : p.seqlen_q, len_k = VARLEN ? sq.nk : p.seqlen_k;
+        const int off = VARLEN ? sq.off : p.off;
         const long long j_last = min(n0 + BN, len_k) - 1;
         long long q_lo = 0, q_hi = len_q;
         if (p.has_right) q_lo = max(q_lo, (long long)n0 - off - p.right);
@@ -498,6 +509,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         else {
             m_min = (int)(q_lo / BM);
             nm = (int)((q_hi + BM - 1) / BM) - m_min;
+        }
+    } else if (VARLEN) { /* the sequence's own query blocks, from the first row that sees n0 */
+        const int first = p.causal ? max(n0 - sq.off, 0) : 0;
+        if (first >= sq.nq) nm = 0;
+        else {
+            m_min = first / BM;
+            nm = (sq.nq + BM - 1) / BM - m_min;
         }
     } else if (p.causal) {
         const int first = n0 - p.causal_offset;
@@ -601,7 +619,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90B_ADD_DQ(regs_, u_)                                                                    \
     do {                                                                                           \
         int nb0_ = 0;                                                                              \
-        if (FEAT && p.has_left) {                                                                  \
+        if (FEATS && p.has_left) {                                                                 \
             const long long j0_ = (long long)m0 + SM90B_OFF - p.left;                              \
             nb0_ = j0_ <= 0 ? 0 : (int)(min(j0_, (long long)SM90B_LEN_K) / BN);                    \
         }                                                                                          \
@@ -649,7 +667,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         uint32_t kfrag[4][4], vfrag[4][4];
         if (n_iter > 0) {
             sm90_mbar_wait(kv_full, 0);
-            if (FEAT == 2 && n0 + BN > SM90B_LEN_K) {
+            if (VARLEN && n0 + BN > SM90B_LEN_K) {
                 sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
                 sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
                 sm90_bar_sync(SM90B_BAR_TAIL, 256);
@@ -670,9 +688,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 float sc[BM / 2], dp[BM / 2];
                 /* the slope of this query head, read before the GEMMs hide its latency */
                 const float slope2 =
-                    FEAT && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
+                    FEATS && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
                 sm90_mbar_wait(&q_full[s], ph);
-                if (FEAT == 2 && m0 + BM > SM90B_LEN_Q) {
+                if (VARLEN && m0 + BM > SM90B_LEN_Q) {
                     sm90_zero_tile_rows<PANELS>(sq_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
                     sm90_zero_tile_rows<PANELS>(sdo_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
                     sm90_bar_sync(SM90B_BAR_TAIL, 256);
@@ -699,18 +717,20 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * (j, j + 1), j = 8 kk + 2 r, is key row kr_l + 8 (r % 2) and query columns
                  * 16 kk + 8 (r / 2) + qc_l + {0, 1}. */
                 bool need_mask;
-                if (FEAT) {
+                /* the plain kernels' diagonal: the parameters', or the varlen sequence's */
+                const int coff = VARLEN ? SM90B_OFF : p.causal_offset;
+                if (FEATS) {
                     /* whether some pair of this 64 x 64 block is outside the band: 64-bit, a
                      * window may be as wide as INT32_MAX */
                     const long long dmin = (long long)kw0 - (m0 + 63) - SM90B_OFF, dmax = (long long)kw0 + 63 - m0 - SM90B_OFF;
                     need_mask = kw0 + 64 > SM90B_LEN_K || (p.has_left && dmin < -(long long)p.left) ||
                                 (p.has_right && dmax > p.right);
                 } else {
-                    need_mask = kw0 + 64 > p.seqlen_k || (p.causal && kw0 + 63 > m0 + p.causal_offset);
+                    need_mask = kw0 + 64 > SM90B_LEN_K || (p.causal && kw0 + 63 > m0 + coff);
                 }
                 /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
                  * and whether the band hides it. */
-                const float alibi_d0 = FEAT ? (float)(m0 + qc_l + SM90B_OFF - kw0 - kr_l) : 0.f;
+                const float alibi_d0 = FEATS ? (float)(m0 + qc_l + SM90B_OFF - kw0 - kr_l) : 0.f;
 #define SM90B_DIST(j_) (alibi_d0 + (float)(8 * ((j_) >> 2) + ((j_) & 1) - 8 * (((j_) >> 1) & 1)))
 #define SM90B_HIDDEN(j_)                                                                           \
     ({                                                                                             \
@@ -721,17 +741,17 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* With softcap, P^T needs the tanh of every score again for dS^T (the
                  * derivative 1 - tanh^2): the tanh is computed now, over the dP^T product, and
                  * kept in sc; P^T follows once dP^T is in (keeping both would spill). */
-                const bool late = FEAT && p.softcap_on;
+                const bool late = FEATS && p.softcap_on;
                 if (late) {
 #pragma unroll
                     for (int j = 0; j < BM / 2; j++) sc[j] = tanhf(sc[j] * p.softcap_pre);
                 } else {
-                    if (FEAT && p.alibi_on) {
+                    if (FEATS && p.alibi_on) {
                         /* scale, then -slope |i + off - j|, into the log2 domain */
 #pragma unroll
                         for (int j = 0; j < BM / 2; j++) sc[j] = fmaf(sc[j], p.score_log2, -slope2 * fabsf(SM90B_DIST(j)));
                     }
-                    if (FEAT && need_mask) {
+                    if (FEATS && need_mask) {
 #pragma unroll
                         for (int j = 0; j < BM / 2; j++)
                             if (SM90B_HIDDEN(j)) sc[j] = -INFINITY;
@@ -742,7 +762,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         for (int j = 0; j < BM / 2; j++) {
                             const int key = key0 + 8 * ((j >> 1) & 1);
                             const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
-                            if (key >= p.seqlen_k || (p.causal && key > qi + p.causal_offset)) sc[j] = -INFINITY;
+                            if (key >= SM90B_LEN_K || (p.causal && key > qi + coff)) sc[j] = -INFINITY;
                         }
                     }
 #pragma unroll
@@ -763,14 +783,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * query column 8 (j >> 2) + qc_l + (j & 1): bit 4 (j >> 2) of keep[2 ((j >> 1)
                  * & 1) + (j & 1)]. */
                 uint32_t keep[4];
-                if (FEAT && p.drop_on)
+                if (FEATS && p.drop_on)
                     fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
                                          m0, lane, keep);
 #define SM90B_KEPT(j_) ((keep[2 * (((j_) >> 1) & 1) + ((j_) & 1)] >> (4 * ((j_) >> 2))) & 1)
                 uint32_t pf[BM / 16][4], dsf[BM / 16][4];
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(dp);
-                if (FEAT && p.drop_on) {
+                if (FEATS && p.drop_on) {
 #pragma unroll
                     for (int j = 0; j < BM / 2; j++) dp[j] = SM90B_KEPT(j) ? dp[j] * p.drop_scale : 0.f;
                 }
@@ -812,7 +832,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                             dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
                         }
                 }
-                if (FEAT && p.drop_on) {
+                if (FEATS && p.drop_on) {
 #pragma unroll
                     for (int j = 0; j < BM / 2; j += 2)
                         pf[j >> 3][(j >> 1) & 3] &= (SM90B_KEPT(j) ? 0xffffu : 0u) | (SM90B_KEPT(j + 1) ? 0xffff0000u : 0u);
@@ -941,7 +961,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }
 
         /* ---------------- epilogue: dK (scaled) and dV, 16-bit, straight to global ---------------- */
-        if (FEAT && p.drop_on) {
+        if (FEATS && p.drop_on) {
 #pragma unroll
             for (int j = 0; j < D / 2; j++) dv[j] *= p.drop_scale;
         }
@@ -1199,14 +1219,14 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     pre.seqlen_q = a->seqlen_q, pre.seqlen_k = a->seqlen_k, pre.sqr = w->sqr, pre.heads_q = a->heads_q;
     pre.bm = BM, pre.m_blocks = w->m_blocks;
     /* varlen: the CTA batch is the sequence, max_seqlen_q rows (and keys) each */
-    const int varlen = FEAT == 2;
+    const int varlen = FEAT >= 2;
     const int seqs = varlen ? a->num_seqs : a->batch;
     const int q_rows = varlen ? (a->max_seqlen_q + BM - 1) / BM * BM : w->sqr;
     const int k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
     pre.top_left = a->causal == 2, pre.max_q = a->max_seqlen_q;
     pre.cu_q = a->cu_seqlens_q, pre.cu_k = a->cu_seqlens_k;
     /* the pre- and post-passes only tell fixed lengths (0) from varlen (2) */
-    constexpr int PF = FEAT == 2 ? 2 : 0;
+    constexpr int PF = FEAT >= 2 ? 2 : 0;
     fc_sm90_bwd_pre<D, BF16, PF><<<dim3((q_rows + 7) / 8, a->heads_q, seqs), 256, 0, stream>>>(pre);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
@@ -1303,19 +1323,26 @@ cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
     if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
         return cudaErrorInvalidValue;
     /* a window, a softcap, ALiBi or dropout selects the feature kernel, a varlen batch its
-     * own instantiation of it; causal alone stays plain */
+     * own instantiation of it (FEAT 2), or of the plain kernel without them (FEAT 3); causal
+     * alone stays plain */
     const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
                      a->alibi_slopes != NULL || a->dropout_p > 0.f;
     const int varlen = a->cu_seqlens_q != NULL;
 #define SM90B_GO(D_, F_) \
     return a->bf16 ? sm90b_launch<D_, 1, F_>(a, &w, stream) : sm90b_launch<D_, 0, F_>(a, &w, stream)
     if (a->head_dim == 64) {
-        if (varlen) SM90B_GO(64, 2);
+        if (varlen) {
+            if (feat || !FC_SM90B_VARLEN_PLAIN) SM90B_GO(64, 2);
+            SM90B_GO(64, 3);
+        }
         if (feat) SM90B_GO(64, 1);
         SM90B_GO(64, 0);
     }
     if (a->head_dim == 128) {
-        if (varlen) SM90B_GO(128, 2);
+        if (varlen) {
+            if (feat || !FC_SM90B_VARLEN_PLAIN) SM90B_GO(128, 2);
+            SM90B_GO(128, 3);
+        }
         if (feat) SM90B_GO(128, 1);
         SM90B_GO(128, 0);
     }
