@@ -62,6 +62,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bwd_sm90.h"
@@ -1092,11 +1093,18 @@ static size_t sm90b_align(size_t x)
  * unequal batch splits when it may need to. Without causality this is the rule "split
  * while the grid leaves SMs idle"; with it, a grid of fewer than two CTAs per SM splits,
  * since its CTAs' work falls from the first key block to the last. Never in deterministic
- * mode, whose dK and dV must not depend on the order of fp32 additions. */
+ * mode, whose dK and dV must not depend on the order of fp32 additions.
+ * FLASHC_SM90B_HSPLIT=n forces n (a divisor of the group) outside deterministic mode, for
+ * comparisons. */
 static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
     const int group = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
     if (group <= 1 || a->deterministic || a->num_sms <= 0) return 1;
+    const char *forced = getenv("FLASHC_SM90B_HSPLIT");
+    if (forced && *forced) {
+        const long n = strtol(forced, NULL, 10);
+        if (n >= 1 && n <= group && group % n == 0) return (int)n;
+    }
     const double bm = SM90B_BM(a->head_dim), bn = SM90B_BN;
     /* a causal mask leaves at least about half of the blocks (a window: counted as none) */
     const double live = a->causal && !a->window ? 0.5 : 1.0;
