@@ -44,6 +44,16 @@ static inline void amx_prefetch_some(amx_prefetcher *p, int lines)
     }
 }
 
+/* One tile product of the decode: tile t loaded from (ptr, stride), then C tile c += a b (t
+ * is a or b), then a few of the prefetcher's lines. Tile numbers are immediates, hence a
+ * macro. */
+#define AMX_LOAD_PRODUCT(c, a, b, t, ptr, stride, pfc)                                           \
+    do {                                                                                       \
+        _tile_loadd(t, ptr, stride);                                                           \
+        _tile_dpbf16ps(c, a, b);                                                               \
+        amx_prefetch_some(pfc, 4);                                                             \
+    } while (0)
+
 /* Rows j < mr of S from the C tiles of `groups` key groups holding S^T (st[g][key][row]):
  * s[j][16 g + key] = scale S^T; a gather down each column, a few prefetches after each. */
 static void amx_decode_s_rows(float st[4][256], int groups, float scale, float *s, int mr,
@@ -168,24 +178,13 @@ void flashc_amx_decode_qk16(int m, int n, int64_t d, const uint16_t *q16, int dp
             for (int step = 0; step < steps; step++) {
                 _tile_loadd(4, qt + step * 256, 64);
                 /* the A tiles alternate, so a load need not wait for the product before */
-                _tile_loadd(5, (const char *)a[0] + 64 * step, as[0]);
-                _tile_dpbf16ps(0, 5, 4);
-                amx_prefetch_some(&pfc, 4);
-                if (groups > 1) {
-                    _tile_loadd(6, (const char *)a[1] + 64 * step, as[1]);
-                    _tile_dpbf16ps(1, 6, 4);
-                    amx_prefetch_some(&pfc, 4);
-                }
-                if (groups > 2) {
-                    _tile_loadd(7, (const char *)a[2] + 64 * step, as[2]);
-                    _tile_dpbf16ps(2, 7, 4);
-                    amx_prefetch_some(&pfc, 4);
-                }
-                if (groups > 3) {
-                    _tile_loadd(5, (const char *)a[3] + 64 * step, as[3]);
-                    _tile_dpbf16ps(3, 5, 4);
-                    amx_prefetch_some(&pfc, 4);
-                }
+                AMX_LOAD_PRODUCT(0, 5, 4, 5, (const char *)a[0] + 64 * step, as[0], &pfc);
+                if (groups > 1)
+                    AMX_LOAD_PRODUCT(1, 6, 4, 6, (const char *)a[1] + 64 * step, as[1], &pfc);
+                if (groups > 2)
+                    AMX_LOAD_PRODUCT(2, 7, 4, 7, (const char *)a[2] + 64 * step, as[2], &pfc);
+                if (groups > 3)
+                    AMX_LOAD_PRODUCT(3, 5, 4, 5, (const char *)a[3] + 64 * step, as[3], &pfc);
             }
             _tile_stored(0, st[0], 64);
             _tile_stored(1, st[1], 64);
@@ -280,24 +279,13 @@ void flashc_amx_decode_pv16(int m, int n, int64_t d, const uint16_t *p16, const 
             for (int ks = 0; ks < ksteps; ks++) {
                 const uint16_t *b = vp[ks] + (ptrdiff_t)x0 * 512;
                 _tile_loadd(4, pa + 32 * ks, FLASHC_CPU_BLOCK_N * sizeof(uint16_t));
-                _tile_loadd(5, b, 64);
-                _tile_dpbf16ps(0, 4, 5);
-                amx_prefetch_some(&pfc, 4);
-                if (xs > 1) {
-                    _tile_loadd(6, b + 512, 64);
-                    _tile_dpbf16ps(1, 4, 6);
-                    amx_prefetch_some(&pfc, 4);
-                }
-                if (xs > 2) {
-                    _tile_loadd(7, b + 1024, 64);
-                    _tile_dpbf16ps(2, 4, 7);
-                    amx_prefetch_some(&pfc, 4);
-                }
-                if (xs > 3) {
-                    _tile_loadd(5, b + 1536, 64);
-                    _tile_dpbf16ps(3, 4, 5);
-                    amx_prefetch_some(&pfc, 4);
-                }
+                AMX_LOAD_PRODUCT(0, 4, 5, 5, b, 64, &pfc);
+                if (xs > 1)
+                    AMX_LOAD_PRODUCT(1, 4, 6, 6, b + 512, 64, &pfc);
+                if (xs > 2)
+                    AMX_LOAD_PRODUCT(2, 4, 7, 7, b + 1024, 64, &pfc);
+                if (xs > 3)
+                    AMX_LOAD_PRODUCT(3, 4, 5, 5, b + 1536, 64, &pfc);
             }
             _tile_stored(0, c0, cs);
             if (xs > 1) _tile_stored(1, c0 + 16, cs);
