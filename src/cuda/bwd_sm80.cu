@@ -118,6 +118,188 @@ static __device__ __forceinline__ void atomic_add4(float *dst, float x, float y,
 }
 #endif
 
+/* ---- warp-tile products ------------------------------------------------------------------
+ *
+ * The mma.sync products of the kernels below, on one warp's tile of MT x NT accumulators of
+ * 16 x 8 (acc[mt][nt]: rows 16 mt.., columns 8 nt..), summed over KS steps of 16 along k, with
+ * the 16-bit operands in shared memory of pitch PA, PB elements. The 16-keys-per-warp kernel's
+ * tiles of 16 rows, acc[NT][4], have versions of their own without the loop over row tiles: a
+ * loop of one trip compiles to different code in some of its instantiations. */
+
+/* acc = 0 (an accumulator array of any shape), before a product is summed into it. */
+static __device__ __forceinline__ void zero_acc(float &acc) { acc = 0.f; }
+
+template <typename T, int N>
+static __device__ __forceinline__ void zero_acc(T (&acc)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) zero_acc(acc[i]);
+}
+
+/* acc += A B^T, A [m][k] from row a_row0 and B [n][k] from row b_row0: the products over the
+ * head dim, S = Q K^T and dP = dO V^T (or their transposes). */
+template <int BF16, int KS, int PA, int PB, int MT, int NT>
+static __device__ __forceinline__ void warp_mma_abt(float (&acc)[MT][NT][4], const uint16_t *a, int a_row0,
+                                                    const uint16_t *b, int b_row0, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            ldmatrix_x4(af[mt],
+                        smem_addr(a + (a_row0 + mt * 16 + (lane & 15)) * PA + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, smem_addr(b + (b_row0 + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * PB + kk * 16 +
+                                      ((lane >> 3) & 1) * 8));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816<BF16>(acc[mt][2 * nt2], af[mt], bf[0], bf[1]);
+                mma_16816<BF16>(acc[mt][2 * nt2 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* The same for a warp tile of 16 rows (S^T = K Q^T and dP^T = V dO^T of the 16-keys-per-warp
+ * kernel). */
+template <int BF16, int KS, int PA, int PB, int NT>
+static __device__ __forceinline__ void warp_mma_abt(float (&acc)[NT][4], const uint16_t *a, int a_row0,
+                                                    const uint16_t *b, int b_row0, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t af[4];
+        ldmatrix_x4(af, smem_addr(a + (a_row0 + (lane & 15)) * PA + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, smem_addr(b + (b_row0 + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * PB + kk * 16 +
+                                      ((lane >> 3) & 1) * 8));
+            mma_16816<BF16>(acc[2 * nt2], af, bf[0], bf[1]);
+            mma_16816<BF16>(acc[2 * nt2 + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* acc += A B, A [m][k] from row a_row0 and B [k][n] from column b_col0: a product over keys
+ * with the result over the head dim, dQ = dS K. */
+template <int BF16, int KS, int PA, int PB, int MT, int NT>
+static __device__ __forceinline__ void warp_mma_ab(float (&acc)[MT][NT][4], const uint16_t *a, int a_row0,
+                                                   const uint16_t *b, int b_col0, int lane)
+{
+#pragma unroll
+    for (int kc = 0; kc < KS; kc++) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            ldmatrix_x4(af[mt],
+                        smem_addr(a + (a_row0 + mt * 16 + (lane & 15)) * PA + kc * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, smem_addr(b + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PB + b_col0 +
+                                            nt2 * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816<BF16>(acc[mt][2 * nt2], af[mt], bf[0], bf[1]);
+                mma_16816<BF16>(acc[mt][2 * nt2 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* acc += A^T B, A [k][m] from column a_col0 and B [k][n] from column b_col0: the key-side
+ * gradients dV += P^T dO and dK += dS^T Q, k over the queries, from P and dS stored [query][key]. */
+template <int BF16, int KS, int PA, int PB, int MT, int NT>
+static __device__ __forceinline__ void warp_mma_atb(float (&acc)[MT][NT][4], const uint16_t *a, int a_col0,
+                                                    const uint16_t *b, int b_col0, int lane)
+{
+#pragma unroll
+    for (int kc = 0; kc < KS; kc++) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            ldmatrix_x4_trans(af[mt], smem_addr(a + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PA + a_col0 +
+                                                mt * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, smem_addr(b + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PB + b_col0 +
+                                            nt2 * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816<BF16>(acc[mt][2 * nt2], af[mt], bf[0], bf[1]);
+                mma_16816<BF16>(acc[mt][2 * nt2 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* The same for the 16-row tile (a_tile, b_tile) of a grid of 16 x 8 NT tiles: A from column
+ * 16 a_tile, B from column 8 NT b_tile (dQ = dS K from the dS^T tile of the 16-keys-per-warp
+ * kernel). */
+template <int BF16, int KS, int PA, int PB, int NT>
+static __device__ __forceinline__ void warp_mma_atb_tile16(float (&acc)[NT][4], const uint16_t *a, int a_tile,
+                                                           const uint16_t *b, int b_tile, int lane)
+{
+#pragma unroll
+    for (int kc = 0; kc < KS; kc++) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, smem_addr(a + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PA + a_tile * 16 +
+                                        ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, smem_addr(b + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PB +
+                                            b_tile * (NT * 8) + nt2 * 16 + (lane >> 4) * 8));
+            mma_16816<BF16>(acc[2 * nt2], af, bf[0], bf[1]);
+            mma_16816<BF16>(acc[2 * nt2 + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* The 16 x 16 tile held in two accumulators of 16 x 8 (columns 0-7 in c0, 8-15 in c1) as the
+ * 16-bit A operand of a next mma: the layouts agree, so a result feeds the next product without
+ * a trip through shared memory. */
+template <int BF16>
+static __device__ __forceinline__ void acc_to_a_frag(uint32_t (&a)[4], const float (&c0)[4],
+                                                     const float (&c1)[4])
+{
+    a[0] = pack2<BF16>(c0[0], c0[1]);
+    a[1] = pack2<BF16>(c0[2], c0[3]);
+    a[2] = pack2<BF16>(c1[0], c1[1]);
+    a[3] = pack2<BF16>(c1[2], c1[3]);
+}
+
+/* acc += a B for one step of 16 along k, a a 16 x 16 A fragment in registers and B [k][n] from
+ * row k0: a product whose left operand this warp has just computed (dS, dS^T). */
+template <int BF16, int PB, int NT>
+static __device__ __forceinline__ void warp_mma_ab_rega_k16(float (&acc)[NT][4], const uint32_t a[4],
+                                                            const uint16_t *b, int k0, int lane)
+{
+#pragma unroll
+    for (int nt2 = 0; nt2 < NT / 2; nt2++) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, smem_addr(b + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * PB + nt2 * 16 +
+                                        (lane >> 4) * 8));
+        mma_16816<BF16>(acc[2 * nt2], a, bf[0], bf[1]);
+        mma_16816<BF16>(acc[2 * nt2 + 1], a, bf[2], bf[3]);
+    }
+}
+
+/* acc += A B over KS steps of 16 along k, the A fragments in registers (a[kc]): dK += dS^T Q of
+ * the 16-keys-per-warp kernel, whose dS^T never leaves registers. */
+template <int BF16, int PB, int KS, int NT>
+static __device__ __forceinline__ void warp_mma_ab_rega(float (&acc)[NT][4], const uint32_t (&a)[KS][4],
+                                                        const uint16_t *b, int lane)
+{
+#pragma unroll
+    for (int kc = 0; kc < KS; kc++) warp_mma_ab_rega_k16<BF16, PB>(acc, a[kc], b, kc * 16, lane);
+}
+
 /* ---- pre-pass ---------------------------------------------------------------------------- */
 
 /* FEAT with varlen: one warp per (head, token) of the packed tensors, the workspace rows
@@ -279,10 +461,8 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
     cp_async_commit();
 
     float acc_dv[DT][4], acc_dk[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) acc_dv[dt][r] = acc_dk[dt][r] = 0.f;
+    zero_acc(acc_dv);
+    zero_acc(acc_dk);
 
     if (iters > 0) {
         if constexpr (FEAT)
@@ -321,23 +501,8 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
 
         /* S^T = K Q^T: 16 keys x BM queries per warp */
         float s[QT][4];
-#pragma unroll
-        for (int qt = 0; qt < QT; qt++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) s[qt][r] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t ka[4];
-            ldmatrix_x4(ka, smem_addr(sK + (key_row0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-            for (int qt2 = 0; qt2 < QT / 2; qt2++) {
-                uint32_t qb[4];
-                ldmatrix_x4(qb, smem_addr(sQs + (qt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P +
-                                          kk * 16 + ((lane >> 3) & 1) * 8));
-                mma_16816<BF16>(s[2 * qt2], ka, qb[0], qb[1]);
-                mma_16816<BF16>(s[2 * qt2 + 1], ka, qb[2], qb[3]);
-            }
-        }
+        zero_acc(s);
+        warp_mma_abt<BF16, D / 16, P, P>(s, sK, key_row0, sQs, 0, lane);
 
         /* FEAT: P^T D packed for dV as it is made, s = P^T (1 - t^2) kept for dS^T, and the
          * keep bits of the block in keep[2 hr + e] (bit 4 qt) */
@@ -411,12 +576,11 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
 #pragma unroll
                     for (int r = 0; r < 4; r++) pa[kc][r] = pa_f[kc][r];
                 } else {
-                pa[kc][0] = pack2<BF16>(s[2 * kc][0], s[2 * kc][1]);
-                pa[kc][1] = pack2<BF16>(s[2 * kc][2], s[2 * kc][3]);
-                pa[kc][2] = pack2<BF16>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-                pa[kc][3] = pack2<BF16>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+                    acc_to_a_frag<BF16>(pa[kc], s[2 * kc], s[2 * kc + 1]);
                 }
             }
+            /* Written out, not warp_mma_ab_rega as for dK below: through the helper the PTX of
+             * the d256 feature dV pass comes out different (the same products, other code). */
 #pragma unroll
             for (int kc = 0; kc < BM / 16; kc++)
 #pragma unroll
@@ -432,23 +596,8 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
         if (DO_DK) {
             /* dP^T = V dO^T */
             float dp[QT][4];
-#pragma unroll
-            for (int qt = 0; qt < QT; qt++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) dp[qt][r] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t va[4];
-                ldmatrix_x4(va, smem_addr(sV + (key_row0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int qt2 = 0; qt2 < QT / 2; qt2++) {
-                    uint32_t ob[4];
-                    ldmatrix_x4(ob, smem_addr(sdOs + (qt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P +
-                                              kk * 16 + ((lane >> 3) & 1) * 8));
-                    mma_16816<BF16>(dp[2 * qt2], va, ob[0], ob[1]);
-                    mma_16816<BF16>(dp[2 * qt2 + 1], va, ob[2], ob[3]);
-                }
-            }
+            zero_acc(dp);
+            warp_mma_abt<BF16, D / 16, P, P>(dp, sV, key_row0, sdOs, 0, lane);
             /* dS^T = P^T * (dP^T - delta[query]) */
             if constexpr (FEAT) {
                 /* with dropout dP^T is D (V dO^T); s carries the softcap derivative */
@@ -477,12 +626,7 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
             }
             uint32_t dsa[BM / 16][4];
 #pragma unroll
-            for (int kc = 0; kc < BM / 16; kc++) {
-                dsa[kc][0] = pack2<BF16>(dp[2 * kc][0], dp[2 * kc][1]);
-                dsa[kc][1] = pack2<BF16>(dp[2 * kc][2], dp[2 * kc][3]);
-                dsa[kc][2] = pack2<BF16>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
-                dsa[kc][3] = pack2<BF16>(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
-            }
+            for (int kc = 0; kc < BM / 16; kc++) acc_to_a_frag<BF16>(dsa[kc], dp[2 * kc], dp[2 * kc + 1]);
             if (a.compute_dq) {
                 /* dS^T to shared memory for the dQ product, which needs it the other way. */
 #pragma unroll
@@ -494,39 +638,14 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                 }
             }
             /* dK += dS^T Q */
-#pragma unroll
-            for (int kc = 0; kc < BM / 16; kc++)
-#pragma unroll
-                for (int dt2 = 0; dt2 < DT / 2; dt2++) {
-                    uint32_t qb[4];
-                    ldmatrix_x4_trans(qb, smem_addr(sQs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
-                                                    dt2 * 16 + (lane >> 4) * 8));
-                    mma_16816<BF16>(acc_dk[2 * dt2], dsa[kc], qb[0], qb[1]);
-                    mma_16816<BF16>(acc_dk[2 * dt2 + 1], dsa[kc], qb[2], qb[3]);
-                }
+            warp_mma_ab_rega<BF16, P>(acc_dk, dsa, sQs, lane);
             if (a.compute_dq) {
                 __syncthreads(); /* the whole dS^T tile is in */
                 /* dQ[BM][D] += dS (BM x BN) K (BN x D); warp (wm, wn) takes 16 x DW */
                 const int wm = warp % WM, wn = warp / WM;
                 float dq[DW / 8][4];
-#pragma unroll
-                for (int dt = 0; dt < DW / 8; dt++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) dq[dt][r] = 0.f;
-#pragma unroll
-                for (int kc = 0; kc < BN / 16; kc++) {
-                    uint32_t da[4];
-                    ldmatrix_x4_trans(da, smem_addr(sdS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS +
-                                                    wm * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-                    for (int dt2 = 0; dt2 < DW / 16; dt2++) {
-                        uint32_t kb[4];
-                        ldmatrix_x4_trans(kb, smem_addr(sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
-                                                        wn * DW + dt2 * 16 + (lane >> 4) * 8));
-                        mma_16816<BF16>(dq[2 * dt2], da, kb[0], kb[1]);
-                        mma_16816<BF16>(dq[2 * dt2 + 1], da, kb[2], kb[3]);
-                    }
-                }
+                zero_acc(dq);
+                warp_mma_atb_tile16<BF16, BN / 16, PS, P>(dq, sdS, wm, sK, wn, lane);
                 float *dqa = a.dq_accum + ((FEAT ? fc_ws_row(a, b, h) : (int64_t)(b * a.heads_q + h) * a.nq_pad) +
                                            m0 + wm * 16) * a.dq_pitch + wn * DW;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(FC_DQ_RED4)
@@ -652,12 +771,8 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
     cp_async_commit();
 
     float acc_dv[KMT][VNT][4], acc_dk[KMT][VNT][4];
-#pragma unroll
-    for (int mt = 0; mt < KMT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < VNT; nt++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc_dv[mt][nt][r] = acc_dk[mt][nt][r] = 0.f;
+    zero_acc(acc_dv);
+    zero_acc(acc_dk);
 
     for (int it = 0; it < iters; it++) {
         const int st = it & 1;
@@ -687,30 +802,8 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
 
         /* S = Q K^T on this warp's MS x NS tile */
         float s[SMT][SNT][4];
-#pragma unroll
-        for (int mt = 0; mt < SMT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) s[mt][nt][r] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t qa[SMT][4];
-#pragma unroll
-            for (int mt = 0; mt < SMT; mt++)
-                ldmatrix_x4(qa[mt], smem_addr(sQs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-            for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
-                uint32_t kb[4];
-                ldmatrix_x4(kb, smem_addr(sK + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
-                                          ((lane >> 3) & 1) * 8));
-#pragma unroll
-                for (int mt = 0; mt < SMT; mt++) {
-                    mma_16816<BF16>(s[mt][2 * nt2], qa[mt], kb[0], kb[1]);
-                    mma_16816<BF16>(s[mt][2 * nt2 + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
-        }
+        zero_acc(s);
+        warp_mma_abt<BF16, D / 16, P, P>(s, sQs, m0s, sK, n0s, lane);
 
         /* P = exp2(S * scale log2 e - lse2[query]), masked; to shared memory as 16 bits */
         const bool need_mask = n0 + BN > a.seqlen_k || (a.causal && n0 + BN - 1 > m0 + a.causal_offset);
@@ -738,30 +831,8 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
         /* dP = dO V^T on the same tile; dS = P * (dP - delta[query]) to shared memory */
         {
             float dp[SMT][SNT][4];
-#pragma unroll
-            for (int mt = 0; mt < SMT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) dp[mt][nt][r] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t oa[SMT][4];
-#pragma unroll
-                for (int mt = 0; mt < SMT; mt++)
-                    ldmatrix_x4(oa[mt], smem_addr(sdOs + (m0s + mt * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int nt2 = 0; nt2 < SNT / 2; nt2++) {
-                    uint32_t vb[4];
-                    ldmatrix_x4(vb, smem_addr(sV + (n0s + nt2 * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 +
-                                              ((lane >> 3) & 1) * 8));
-#pragma unroll
-                    for (int mt = 0; mt < SMT; mt++) {
-                        mma_16816<BF16>(dp[mt][2 * nt2], oa[mt], vb[0], vb[1]);
-                        mma_16816<BF16>(dp[mt][2 * nt2 + 1], oa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+            zero_acc(dp);
+            warp_mma_abt<BF16, D / 16, P, P>(dp, sdOs, m0s, sV, n0s, lane);
 #pragma unroll
             for (int mt = 0; mt < SMT; mt++)
 #pragma unroll
@@ -781,53 +852,13 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
         __syncthreads(); /* P and dS of the whole block are in (and sdQ is free again) */
 
         /* dV += P^T dO */
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; kc++) {
-            uint32_t pa[KMT][4];
-#pragma unroll
-            for (int mt = 0; mt < KMT; mt++)
-                ldmatrix_x4_trans(pa[mt], smem_addr(sP + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS + k0v +
-                                                    mt * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-            for (int dt2 = 0; dt2 < VNT / 2; dt2++) {
-                uint32_t ob[4];
-                ldmatrix_x4_trans(ob, smem_addr(sdOs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0v +
-                                                dt2 * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int mt = 0; mt < KMT; mt++) {
-                    mma_16816<BF16>(acc_dv[mt][2 * dt2], pa[mt], ob[0], ob[1]);
-                    mma_16816<BF16>(acc_dv[mt][2 * dt2 + 1], pa[mt], ob[2], ob[3]);
-                }
-            }
-        }
+        warp_mma_atb<BF16, BM / 16, PS, P>(acc_dv, sP, k0v, sdOs, d0v, lane);
 
         /* dQ = dS K, added into dq_accum (issued before dK so the reductions drain under it) */
         if (a.compute_dq) {
             float dq[QMT][QNT][4];
-#pragma unroll
-            for (int mt = 0; mt < QMT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < QNT; nt++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) dq[mt][nt][r] = 0.f;
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) {
-                uint32_t da[QMT][4];
-#pragma unroll
-                for (int mt = 0; mt < QMT; mt++)
-                    ldmatrix_x4(da[mt], smem_addr(sdS + (m0q + mt * 16 + (lane & 15)) * PS + kc * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int dt2 = 0; dt2 < QNT / 2; dt2++) {
-                    uint32_t kb[4];
-                    ldmatrix_x4_trans(kb, smem_addr(sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0q +
-                                                    dt2 * 16 + (lane >> 4) * 8));
-#pragma unroll
-                    for (int mt = 0; mt < QMT; mt++) {
-                        mma_16816<BF16>(dq[mt][2 * dt2], da[mt], kb[0], kb[1]);
-                        mma_16816<BF16>(dq[mt][2 * dt2 + 1], da[mt], kb[2], kb[3]);
-                    }
-                }
-            }
+            zero_acc(dq);
+            warp_mma_ab<BF16, BN / 16, PS, P>(dq, sdS, m0q, sK, d0q, lane);
             float *dq_row0 = a.dq_accum + ((int64_t)(b * a.heads_q + h) * a.nq_pad + m0) * a.dq_pitch;
 #if FC_HAVE_BULK
             if (a.dq_bulk) {
@@ -857,25 +888,7 @@ fc_bwd_tiled_kernel(const fc_bwd_args a)
         }
 
         /* dK += dS^T Q */
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; kc++) {
-            uint32_t dsa[KMT][4];
-#pragma unroll
-            for (int mt = 0; mt < KMT; mt++)
-                ldmatrix_x4_trans(dsa[mt], smem_addr(sdS + (kc * 16 + (lane & 7) + (lane >> 4) * 8) * PS + k0v +
-                                                     mt * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-            for (int dt2 = 0; dt2 < VNT / 2; dt2++) {
-                uint32_t qb[4];
-                ldmatrix_x4_trans(qb, smem_addr(sQs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d0v +
-                                                dt2 * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int mt = 0; mt < KMT; mt++) {
-                    mma_16816<BF16>(acc_dk[mt][2 * dt2], dsa[mt], qb[0], qb[1]);
-                    mma_16816<BF16>(acc_dk[mt][2 * dt2 + 1], dsa[mt], qb[2], qb[3]);
-                }
-            }
-        }
+        warp_mma_atb<BF16, BM / 16, PS, P>(acc_dk, sdS, k0v, sQs, d0v, lane);
     }
 
     /* Epilogue as above: dV and dK * scale through sV, sK for 16-byte stores. */
@@ -971,10 +984,7 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
     const float dl[2] = {a.delta[ws_row], a.delta[ws_row + 8]};
 
     float acc[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) acc[dt][r] = 0.f;
+    zero_acc(acc);
 
     load_tile_async<BM, D, NT>(sQ, q, a.q_ss, rows_valid, a.head_dim, tid);
     load_tile_async<BM, D, NT>(sdO, dO, a.do_ss, rows_valid, a.head_dim, tid);
@@ -1013,10 +1023,8 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
         const uint16_t *sKs = sK + st * BN * P, *sVs = sV + st * BN * P;
 
         float s[NTILE][4], dp[NTILE][4];
-#pragma unroll
-        for (int nt = 0; nt < NTILE; nt++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) s[nt][r] = dp[nt][r] = 0.f;
+        zero_acc(s);
+        zero_acc(dp);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             uint32_t qa[4], oa[4];
@@ -1086,18 +1094,8 @@ fc_bwd_dq_kernel(const fc_bwd_args a)
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
             uint32_t da[4];
-            da[0] = pack2<BF16>(dp[2 * kc][0], dp[2 * kc][1]);
-            da[1] = pack2<BF16>(dp[2 * kc][2], dp[2 * kc][3]);
-            da[2] = pack2<BF16>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
-            da[3] = pack2<BF16>(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
-#pragma unroll
-            for (int dt2 = 0; dt2 < DT / 2; dt2++) {
-                uint32_t kb[4];
-                ldmatrix_x4_trans(kb, smem_addr(sKs + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P +
-                                                dt2 * 16 + (lane >> 4) * 8));
-                mma_16816<BF16>(acc[2 * dt2], da, kb[0], kb[1]);
-                mma_16816<BF16>(acc[2 * dt2 + 1], da, kb[2], kb[3]);
-            }
+            acc_to_a_frag<BF16>(da, dp[2 * kc], dp[2 * kc + 1]);
+            warp_mma_ab_rega_k16<BF16, P>(acc, da, sKs, kc * 16, lane);
         }
         __syncthreads(); /* stage st may be refilled */
     }

@@ -19,21 +19,16 @@
 #include "hopper/fwd_sm90.h"
 #endif
 
-/* Copies the element strides of a [batch, seqlen, heads, head_dim] view into a kernel
- * argument struct's <prefix>_sb / _ss / _sh fields (every launcher's structs name them so),
- * and those of a [batch, heads, seqlen] LSE into its lse_sb / lse_sh / lse_ss. */
-#define FC_VIEW_STRIDES(args, prefix, t) \
-    ((args).prefix##_sb = (t)->stride[0], (args).prefix##_ss = (t)->stride[1], \
-     (args).prefix##_sh = (t)->stride[2])
-#define FC_LSE_STRIDES(args, t) \
-    ((args).lse_sb = (t)->stride[0], (args).lse_sh = (t)->stride[1], (args).lse_ss = (t)->stride[2])
-
-/* The sizes of a problem into a Hopper kernel's argument struct (forward and backward name
- * them alike). */
-#define FC_SM90_SIZES(args, pr)                                                            \
-    ((args).batch = (int)(pr)->batch, (args).seqlen_q = (int)(pr)->seqlen_q,               \
-     (args).seqlen_k = (int)(pr)->seqlen_k, (args).heads_q = (int)(pr)->heads_q,           \
-     (args).heads_kv = (int)(pr)->heads_kv, (args).head_dim = (int)(pr)->head_dim)
+/* Points a kernel argument struct's field ptr at the data of the [batch, seqlen, heads,
+ * head_dim] view t, in the pointer type the struct gives it, and copies the view's element
+ * strides into its <prefix>_sb / _ss / _sh fields (every launcher's structs name them so);
+ * FC_LSE_VIEW the same for a [batch, heads, seqlen] LSE (lse, lse_sb / lse_sh / lse_ss). */
+#define FC_VIEW(args, ptr, prefix, t)                                                          \
+    ((args).ptr = static_cast<decltype((args).ptr)>((t)->data), (args).prefix##_sb = (t)->stride[0], \
+     (args).prefix##_ss = (t)->stride[1], (args).prefix##_sh = (t)->stride[2])
+#define FC_LSE_VIEW(args, t)                                                                   \
+    ((args).lse = static_cast<decltype((args).lse)>((t)->data), (args).lse_sb = (t)->stride[0], \
+     (args).lse_sh = (t)->stride[1], (args).lse_ss = (t)->stride[2])
 
 static const int kernel_head_dims[] = {32, 64, 96, 128, 192, 256};
 
@@ -175,6 +170,81 @@ static flashc_status check_problem(const fc_cuda_state *s, const flashc_problem 
     return FLASHC_OK;
 }
 
+/* A tensor of a call, named as its error messages name it. fc_check_tensor's checks are those
+ * of a [batch, seqlen, heads, head_dim] view read in 16-byte vectors; the LSE, float [batch,
+ * heads, seqlen] read one value at a time, gets only the pointer check (pointer_only). */
+typedef struct named_tensor {
+    const flashc_tensor *t;
+    const char *what;
+    int pointer_only;
+} named_tensor;
+
+/* What the forward and the backward check before anything runs, in this order: the problem,
+ * the backend's device made current, then each tensor in the order given, so that the first
+ * bad one is the one reported. FLASHC_OK with the guard entered, or the error with it not
+ * held. */
+static flashc_status enter_checked(const fc_cuda_state *s, const flashc_problem *pr, int backward, int *kernel_d,
+                                   fc_device_guard *guard, const named_tensor *tensors, size_t n)
+{
+    flashc_status st = check_problem(s, pr, backward, kernel_d);
+    if (st != FLASHC_OK) return st;
+    if ((st = fc_guard_enter(guard, s)) != FLASHC_OK) return st;
+    for (size_t i = 0; i < n; i++) {
+        const named_tensor *t = &tensors[i];
+        st = t->pointer_only ? fc_check_device_pointer(s, t->t->data, t->what) : fc_check_tensor(s, t->t, t->what);
+        if (st != FLASHC_OK) {
+            fc_guard_leave(guard);
+            return st;
+        }
+    }
+    return FLASHC_OK;
+}
+
+/* ---- kernel arguments ------------------------------------------------------------------ */
+
+/* q, k, v, out and lse in a kernel argument struct: the four launchers' structs (mma.sync and
+ * Hopper, forward and backward) name their fields alike and differ only in the pointers'
+ * types. */
+template <typename A>
+static void set_views(A *a, const flashc_tensor *q, const flashc_tensor *k, const flashc_tensor *v,
+                      const flashc_tensor *out, const flashc_tensor *lse)
+{
+    FC_VIEW(*a, q, q, q);
+    FC_VIEW(*a, k, k, k);
+    FC_VIEW(*a, v, v, v);
+    FC_VIEW(*a, o, o, out);
+    FC_LSE_VIEW(*a, lse);
+}
+
+/* The same for the backward's dout, dq, dk and dv (both backward structs). */
+template <typename A>
+static void set_grad_views(A *a, const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
+                           const flashc_tensor *dv)
+{
+    FC_VIEW(*a, dout, do, dout);
+    FC_VIEW(*a, dq, dq, dq);
+    FC_VIEW(*a, dk, dk, dk);
+    FC_VIEW(*a, dv, dv, dv);
+}
+
+/* A zeroed mma.sync argument struct (fc_fwd_args or fc_bwd_args) with the problem's sizes,
+ * scale, causal diagonal and features, which both name alike. */
+template <typename A>
+static void mma_args_init(A *a, const flashc_problem *pr)
+{
+    memset(a, 0, sizeof *a);
+    a->seqlen_q = (int)pr->seqlen_q;
+    a->seqlen_k = (int)pr->seqlen_k;
+    a->heads_q = (int)pr->heads_q;
+    a->heads_kv = (int)pr->heads_kv;
+    a->group = (int)(pr->heads_q / pr->heads_kv);
+    a->head_dim = (int)pr->head_dim;
+    a->scale_log2 = pr->scale * 1.4426950408889634f;
+    a->causal = pr->causal != FLASHC_CAUSAL_NONE;
+    a->causal_offset = (int)flashc_causal_offset(pr);
+    fc_feat_from_problem(&a->f, pr);
+}
+
 /* ---- forward --------------------------------------------------------------------------- */
 
 #ifdef FLASHC_HAVE_SM90
@@ -187,35 +257,49 @@ static int sm90_serves_features(const flashc_problem *pr)
     return (pr->features & ~served) == 0;
 }
 
-/* The window, softcap, ALiBi and dropout of pr in the Hopper argument struct a (forward or backward,
- * whose feature fields have the same names). */
-#define FC_SM90_FEATURES(a, pr)                                                              \
-    do {                                                                                     \
-        (a).window = ((pr)->features & FLASHC_FEATURE_WINDOW) != 0;                          \
-        (a).window_left = (pr)->window_left;                                                 \
-        (a).window_right = (pr)->window_right;                                               \
-        (a).softcap = ((pr)->features & FLASHC_FEATURE_SOFTCAP) ? (pr)->softcap : 0.0f;      \
-        (a).alibi_slopes = ((pr)->features & FLASHC_FEATURE_ALIBI) ? (pr)->alibi_slopes : NULL; \
-        (a).alibi_batch_stride = (pr)->alibi_batch_stride;                                   \
-        if ((pr)->features & FLASHC_FEATURE_DROPOUT) {                                       \
-            (a).dropout_p = (pr)->dropout_p;                                                 \
-            (a).dropout_threshold = (pr)->dropout_threshold;                                 \
-            (a).dropout_seed = (pr)->dropout_seed;                                           \
-            (a).dropout_offset = (pr)->dropout_offset;                                       \
-        }                                                                                    \
-    } while (0)
+/* A zeroed Hopper argument struct (forward or backward, which name these fields alike) with
+ * the problem: sizes, dtype, scale, causal mask, and the window, softcap, ALiBi, dropout and
+ * varlen batch of the features it uses (a feature off stays zero, the kernels' "off"). */
+template <typename A>
+static void sm90_args_init(A *h, const flashc_problem *pr)
+{
+    memset(h, 0, sizeof *h);
+    h->batch = (int)pr->batch, h->seqlen_q = (int)pr->seqlen_q, h->seqlen_k = (int)pr->seqlen_k;
+    h->heads_q = (int)pr->heads_q, h->heads_kv = (int)pr->heads_kv, h->head_dim = (int)pr->head_dim;
+    h->bf16 = pr->dtype == FLASHC_BF16;
+    h->scale = pr->scale;
+    h->causal = pr->causal;
+    h->window = (pr->features & FLASHC_FEATURE_WINDOW) != 0;
+    h->window_left = pr->window_left;
+    h->window_right = pr->window_right;
+    h->softcap = (pr->features & FLASHC_FEATURE_SOFTCAP) ? pr->softcap : 0.0f;
+    h->alibi_slopes = (pr->features & FLASHC_FEATURE_ALIBI) ? pr->alibi_slopes : NULL;
+    h->alibi_batch_stride = pr->alibi_batch_stride;
+    if (pr->features & FLASHC_FEATURE_DROPOUT) {
+        h->dropout_p = pr->dropout_p;
+        h->dropout_threshold = pr->dropout_threshold;
+        h->dropout_seed = pr->dropout_seed;
+        h->dropout_offset = pr->dropout_offset;
+    }
+    if (pr->features & FLASHC_FEATURE_VARLEN) {
+        h->cu_seqlens_q = pr->cu_seqlens_q;
+        h->cu_seqlens_k = pr->cu_seqlens_k;
+        h->num_seqs = (int)pr->num_seqs;
+        h->max_seqlen_q = (int)pr->max_seqlen_q;
+        h->max_seqlen_k = (int)pr->max_seqlen_k;
+    }
+}
 
-/* The varlen batch of pr in a Hopper argument struct (fields named alike in both). */
-#define FC_SM90_VARLEN(a, pr)                                                                \
-    do {                                                                                     \
-        if ((pr)->features & FLASHC_FEATURE_VARLEN) {                                        \
-            (a).cu_seqlens_q = (pr)->cu_seqlens_q;                                           \
-            (a).cu_seqlens_k = (pr)->cu_seqlens_k;                                           \
-            (a).num_seqs = (int)(pr)->num_seqs;                                              \
-            (a).max_seqlen_q = (int)(pr)->max_seqlen_q;                                      \
-            (a).max_seqlen_k = (int)(pr)->max_seqlen_k;                                      \
-        }                                                                                    \
-    } while (0)
+/* sm90_args_init for the backward, with what its workspace size also depends on: the
+ * deterministic mode and the SM count (a split GQA group's fp32 dK and dV). The size is asked
+ * for before the call (cuda_backward_workspace_size) and at it (try_sm90_backward): a
+ * workspace sized by the first must serve the second. */
+static void sm90_bwd_args_init(fc_sm90_bwd_args *h, const fc_cuda_state *s, const flashc_problem *pr)
+{
+    sm90_args_init(h, pr);
+    h->deterministic = pr->deterministic != 0;
+    h->num_sms = s->num_sms;
+}
 
 /* Runs the forward on the Hopper kernel when it serves the call (plain attention or window,
  * softcap, ALiBi; a head dim it covers, TMA-compatible views): returns 1 with *err set, or 0
@@ -226,20 +310,8 @@ static int try_sm90_forward(const fc_cuda_state *s, const flashc_problem *pr, co
 {
     if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_fwd_args h;
-    memset(&h, 0, sizeof h);
-    h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data;
-    h.lse = (float *)lse->data;
-    FC_VIEW_STRIDES(h, q, q);
-    FC_VIEW_STRIDES(h, k, k);
-    FC_VIEW_STRIDES(h, v, v);
-    FC_VIEW_STRIDES(h, o, out);
-    FC_LSE_STRIDES(h, lse);
-    FC_SM90_SIZES(h, pr);
-    h.bf16 = pr->dtype == FLASHC_BF16;
-    h.scale = pr->scale;
-    h.causal = pr->causal;
-    FC_SM90_FEATURES(h, pr);
-    FC_SM90_VARLEN(h, pr);
+    sm90_args_init(&h, pr);
+    set_views(&h, q, k, v, out, lse);
     if (!fc_sm90_forward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     *err = fc_sm90_forward(&h, (cudaStream_t)pr->stream);
     return 1;
@@ -251,40 +323,15 @@ static flashc_status cuda_forward(void *state, const flashc_problem *pr, const f
                                   flashc_tensor *lse)
 {
     const fc_cuda_state *s = (const fc_cuda_state *)state;
+    const named_tensor tensors[] = {{q, "q", 0}, {k, "k", 0}, {v, "v", 0}, {out, "out", 0}, {lse, "lse", 1}};
     int kd = 0;
-    flashc_status st = check_problem(s, pr, 0, &kd);
-    if (st != FLASHC_OK) return st;
     fc_device_guard guard;
-    if ((st = fc_guard_enter(&guard, s)) != FLASHC_OK) return st;
-    if ((st = fc_check_tensor(s, q, "q")) != FLASHC_OK || (st = fc_check_tensor(s, k, "k")) != FLASHC_OK ||
-        (st = fc_check_tensor(s, v, "v")) != FLASHC_OK || (st = fc_check_tensor(s, out, "out")) != FLASHC_OK ||
-        (st = fc_check_device_pointer(s, lse->data, "lse")) != FLASHC_OK) {
-        fc_guard_leave(&guard);
-        return st;
-    }
+    flashc_status st = enter_checked(s, pr, 0, &kd, &guard, tensors, sizeof tensors / sizeof tensors[0]);
+    if (st != FLASHC_OK) return st;
 
     fc_fwd_args a;
-    memset(&a, 0, sizeof a);
-    a.q = (const uint16_t *)q->data;
-    a.k = (const uint16_t *)k->data;
-    a.v = (const uint16_t *)v->data;
-    a.o = (uint16_t *)out->data;
-    a.lse = (float *)lse->data;
-    FC_VIEW_STRIDES(a, q, q);
-    FC_VIEW_STRIDES(a, k, k);
-    FC_VIEW_STRIDES(a, v, v);
-    FC_VIEW_STRIDES(a, o, out);
-    FC_LSE_STRIDES(a, lse);
-    a.seqlen_q = (int)pr->seqlen_q;
-    a.seqlen_k = (int)pr->seqlen_k;
-    a.heads_q = (int)pr->heads_q;
-    a.heads_kv = (int)pr->heads_kv;
-    a.group = (int)(pr->heads_q / pr->heads_kv);
-    a.head_dim = (int)pr->head_dim;
-    a.scale_log2 = pr->scale * 1.4426950408889634f;
-    a.causal = pr->causal != FLASHC_CAUSAL_NONE;
-    a.causal_offset = (int)flashc_causal_offset(pr);
-    fc_feat_from_problem(&a.f, pr);
+    mma_args_init(&a, pr);
+    set_views(&a, q, k, v, out, lse);
 
     cudaError_t err = cudaSuccess;
 #ifdef FLASHC_HAVE_SM90
@@ -325,6 +372,18 @@ static bwd_layout workspace_layout(const flashc_problem *pr)
     return l;
 }
 
+/* Frees, behind the stream's kernels, a backward workspace the call allocated itself. A
+ * failed free becomes the call's error only when all before it succeeded: the first error
+ * says the most. */
+static void free_own_workspace(void *ws, cudaStream_t stream, cudaError_t *err, const char **what)
+{
+    const cudaError_t err2 = cudaFreeAsync(ws, stream);
+    if (*err == cudaSuccess && err2 != cudaSuccess) {
+        *err = err2;
+        *what = "cudaFreeAsync (backward workspace)";
+    }
+}
+
 #ifdef FLASHC_HAVE_SM90
 /* Runs the backward on the Hopper kernels when they serve the call (plain attention, head dim
  * 64 or 128, TMA-compatible views), with their own workspace layout: returns 1 with *st set,
@@ -337,27 +396,9 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
 {
     if (!s->use_wgmma || !sm90_serves_features(pr)) return 0;
     fc_sm90_bwd_args h;
-    memset(&h, 0, sizeof h);
-    h.q = q->data, h.k = k->data, h.v = v->data, h.o = out->data, h.dout = dout->data;
-    h.lse = (const float *)lse->data;
-    h.dq = dq->data, h.dk = dk->data, h.dv = dv->data;
-    FC_VIEW_STRIDES(h, q, q);
-    FC_VIEW_STRIDES(h, k, k);
-    FC_VIEW_STRIDES(h, v, v);
-    FC_VIEW_STRIDES(h, o, out);
-    FC_VIEW_STRIDES(h, do, dout);
-    FC_VIEW_STRIDES(h, dq, dq);
-    FC_VIEW_STRIDES(h, dk, dk);
-    FC_VIEW_STRIDES(h, dv, dv);
-    FC_LSE_STRIDES(h, lse);
-    FC_SM90_SIZES(h, pr);
-    h.bf16 = pr->dtype == FLASHC_BF16;
-    h.scale = pr->scale;
-    h.causal = pr->causal;
-    h.deterministic = pr->deterministic != 0;
-    h.num_sms = s->num_sms;
-    FC_SM90_FEATURES(h, pr);
-    FC_SM90_VARLEN(h, pr);
+    sm90_bwd_args_init(&h, s, pr);
+    set_views(&h, q, k, v, out, lse);
+    set_grad_views(&h, dout, dq, dk, dv);
     if (!fc_sm90_backward_supported(&h, s->sm_major, s->sm_minor, s->smem_optin)) return 0;
     const size_t need = fc_sm90_backward_workspace_size(&h);
     cudaStream_t stream = (cudaStream_t)pr->stream;
@@ -378,13 +419,7 @@ static int try_sm90_backward(const fc_cuda_state *s, const flashc_problem *pr,
     h.workspace_bytes = need;
     cudaError_t err = fc_sm90_backward(&h, stream);
     const char *what = "backward kernel launch (sm_90a)";
-    if (!pr->workspace) {
-        const cudaError_t err2 = cudaFreeAsync(ws, stream);
-        if (err == cudaSuccess && err2 != cudaSuccess) {
-            err = err2;
-            what = "cudaFreeAsync (backward workspace)";
-        }
-    }
+    if (!pr->workspace) free_own_workspace(ws, stream, &err, &what);
     *st = err == cudaSuccess ? FLASHC_OK : fc_cuda_error(err, what);
     return 1;
 }
@@ -399,13 +434,7 @@ static size_t cuda_backward_workspace_size(void *state, const flashc_problem *pr
     /* Enough for either path: which one runs depends on the views, known only at the call. */
     if (s && s->use_wgmma && sm90_serves_features(pr)) {
         fc_sm90_bwd_args h;
-        memset(&h, 0, sizeof h);
-        FC_SM90_SIZES(h, pr);
-        FC_SM90_VARLEN(h, pr);
-        FC_SM90_FEATURES(h, pr);
-        h.causal = pr->causal;
-        h.deterministic = pr->deterministic != 0;
-        h.num_sms = s->num_sms; /* the GQA split's fp32 dK and dV depend on it */
+        sm90_bwd_args_init(&h, s, pr);
         if (fc_sm90_backward_smem_bytes(h.head_dim) != 0) {
             const size_t need = fc_sm90_backward_workspace_size(&h);
             if (need > total) total = need;
@@ -424,20 +453,12 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
                                    flashc_tensor *dv)
 {
     const fc_cuda_state *s = (const fc_cuda_state *)state;
+    const named_tensor tensors[] = {{dout, "dout", 0}, {q, "q", 0},   {k, "k", 0},   {v, "v", 0},  {out, "out", 0},
+                                    {lse, "lse", 1},   {dq, "dq", 0}, {dk, "dk", 0}, {dv, "dv", 0}};
     int kd = 0;
-    flashc_status st = check_problem(s, pr, 1, &kd);
-    if (st != FLASHC_OK) return st;
     fc_device_guard guard;
-    if ((st = fc_guard_enter(&guard, s)) != FLASHC_OK) return st;
-    if ((st = fc_check_tensor(s, dout, "dout")) != FLASHC_OK || (st = fc_check_tensor(s, q, "q")) != FLASHC_OK ||
-        (st = fc_check_tensor(s, k, "k")) != FLASHC_OK || (st = fc_check_tensor(s, v, "v")) != FLASHC_OK ||
-        (st = fc_check_tensor(s, out, "out")) != FLASHC_OK ||
-        (st = fc_check_device_pointer(s, lse->data, "lse")) != FLASHC_OK ||
-        (st = fc_check_tensor(s, dq, "dq")) != FLASHC_OK || (st = fc_check_tensor(s, dk, "dk")) != FLASHC_OK ||
-        (st = fc_check_tensor(s, dv, "dv")) != FLASHC_OK) {
-        fc_guard_leave(&guard);
-        return st;
-    }
+    flashc_status st = enter_checked(s, pr, 1, &kd, &guard, tensors, sizeof tensors / sizeof tensors[0]);
+    if (st != FLASHC_OK) return st;
 #ifdef FLASHC_HAVE_SM90
     if (try_sm90_backward(s, pr, dout, q, k, v, out, lse, dq, dk, dv, &st)) {
         fc_guard_leave(&guard);
@@ -477,41 +498,15 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
     }
 
     fc_bwd_args a;
-    memset(&a, 0, sizeof a);
-    a.q = (const uint16_t *)q->data;
-    a.k = (const uint16_t *)k->data;
-    a.v = (const uint16_t *)v->data;
-    a.o = (const uint16_t *)out->data;
-    a.dout = (const uint16_t *)dout->data;
-    a.lse = (const float *)lse->data;
-    a.dq = (uint16_t *)dq->data;
-    a.dk = (uint16_t *)dk->data;
-    a.dv = (uint16_t *)dv->data;
-    FC_VIEW_STRIDES(a, q, q);
-    FC_VIEW_STRIDES(a, k, k);
-    FC_VIEW_STRIDES(a, v, v);
-    FC_VIEW_STRIDES(a, o, out);
-    FC_VIEW_STRIDES(a, do, dout);
-    FC_VIEW_STRIDES(a, dq, dq);
-    FC_VIEW_STRIDES(a, dk, dk);
-    FC_VIEW_STRIDES(a, dv, dv);
-    FC_LSE_STRIDES(a, lse);
+    mma_args_init(&a, pr);
+    set_views(&a, q, k, v, out, lse);
+    set_grad_views(&a, dout, dq, dk, dv);
     a.lse2 = (float *)(ws + lay.lse2_off);
     a.delta = (float *)(ws + lay.delta_off);
     a.dq_accum = pr->deterministic ? NULL : (float *)(ws + lay.dq_off);
-    a.seqlen_q = (int)pr->seqlen_q;
-    a.seqlen_k = (int)pr->seqlen_k;
-    a.heads_q = (int)pr->heads_q;
-    a.heads_kv = (int)pr->heads_kv;
-    a.group = (int)(pr->heads_q / pr->heads_kv);
-    a.head_dim = (int)pr->head_dim;
     a.nq_pad = (int)lay.nq_pad;
     a.dq_pitch = kd;
     a.scale = pr->scale;
-    a.scale_log2 = pr->scale * 1.4426950408889634f;
-    a.causal = pr->causal != FLASHC_CAUSAL_NONE;
-    a.causal_offset = (int)flashc_causal_offset(pr);
-    fc_feat_from_problem(&a.f, pr);
 
     const char *what = "backward kernel launch";
     if (pr->features & FLASHC_FEATURE_VARLEN) {
@@ -529,13 +524,7 @@ static flashc_status cuda_backward(void *state, const flashc_problem *pr, const 
                             s->smem_optin, s->sm_major, stream);
         what = "backward kernel launch";
     }
-    if (owned) {
-        cudaError_t err2 = cudaFreeAsync(ws, stream);
-        if (err == cudaSuccess && err2 != cudaSuccess) {
-            err = err2;
-            what = "cudaFreeAsync (backward workspace)";
-        }
-    }
+    if (owned) free_own_workspace(ws, stream, &err, &what);
     fc_guard_leave(&guard);
     if (err != cudaSuccess) return fc_cuda_error(err, what);
     return FLASHC_OK;

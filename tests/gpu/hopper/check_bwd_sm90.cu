@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_common.h"
 #include "check_util.h"
 #include "../../../src/cuda/hopper/bwd_sm90.h"
 
@@ -48,21 +49,6 @@ typedef struct bcase {
     float softcap;
     int alibi;
 } bcase;
-
-static const char *causal_name(int c)
-{
-    return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
-}
-
-/* flashc.h's rules, one by one: does query i see key j? */
-static int visible(const bcase *c, int i, int j)
-{
-    const long off = c->causal == 2 ? 0 : (long)c->sk - c->sq;
-    if (c->causal && j > i + off) return 0;
-    if (c->window && c->wl >= 0 && j < i + off - c->wl) return 0;
-    if (c->window && c->wr >= 0 && j > i + off + c->wr) return 0;
-    return 1;
-}
 
 /* One (batch, query head) of the reference: q, dO [sq][d], k, v [sk][d] as doubles. */
 typedef struct ref_head {
@@ -172,13 +158,8 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     const int group = HQ / HK;
     const size_t nq = (size_t)B * SQ * HQ * D, nk = (size_t)B * SK * HK * D;
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh;
-    if (c->bhsd) {
-        q_sb = (int64_t)HQ * SQ * D, q_sh = (int64_t)SQ * D, q_ss = D;
-        k_sb = (int64_t)HK * SK * D, k_sh = (int64_t)SK * D, k_ss = D;
-    } else {
-        q_sb = (int64_t)SQ * HQ * D, q_ss = (int64_t)HQ * D, q_sh = D;
-        k_sb = (int64_t)SK * HK * D, k_ss = (int64_t)HK * D, k_sh = D;
-    }
+    view_strides(c->bhsd, SQ, HQ, D, &q_sb, &q_ss, &q_sh);
+    view_strides(c->bhsd, SK, HK, D, &k_sb, &k_ss, &k_sh);
     uint16_t *hq = (uint16_t *)malloc(nq * 2), *hk = (uint16_t *)malloc(nk * 2), *hv = (uint16_t *)malloc(nk * 2);
     uint16_t *hdo = (uint16_t *)malloc(nq * 2), *ho = (uint16_t *)malloc(nq * 2);
     uint16_t *gdq = (uint16_t *)malloc(nq * 2), *gdk = (uint16_t *)malloc(nk * 2), *gdv = (uint16_t *)malloc(nk * 2);
@@ -187,10 +168,8 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), bf);
     for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), bf);
     for (size_t i = 0; i < nq; i++) hdo[i] = to16(frand(), bf);
-    /* ALiBi slopes, [hq] or [batch, hq]: geometric per head, times a random factor */
-    const int n_slopes = c->alibi == 2 ? B * HQ : HQ;
-    float *hs = (float *)malloc((size_t)n_slopes * 4);
-    for (int i = 0; i < n_slopes; i++) hs[i] = powf(2.f, -8.f * (float)((i % HQ) + 1) / HQ) * (1.5f + frand());
+    int n_slopes;
+    float *hs = case_slopes(c->alibi, B, HQ, &n_slopes);
 
     /* reference, head by head; dQ in the q layout, dK / dV in the k layout */
     const double scale = 1.0 / sqrt((double)D);
@@ -249,10 +228,8 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
         free(q), free(dout), free(k), free(v), free(o), free(lse), free(dq), free(p), free(ds), free(dk), free(dv);
     }
 
-    char name[320], feat[100] = "";
-    if (c->window) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " window=(%d,%d)", c->wl, c->wr);
-    if (c->softcap > 0) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " softcap=%g", c->softcap);
-    if (c->alibi) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " alibi=%s", c->alibi == 2 ? "batch" : "head");
+    char name[320], feat[100];
+    case_features(c, feat, sizeof feat);
     snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s%s", B, SQ, SK, HQ, HK, D,
              causal_name(c->causal), bf ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd",
              c->det ? " deterministic" : "", feat);
@@ -288,11 +265,7 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     a->bf16 = bf, a->scale = (float)scale, a->causal = c->causal, a->deterministic = c->det;
     a->window = c->window, a->window_left = c->wl, a->window_right = c->wr;
     a->softcap = c->softcap;
-    float *dslopes = NULL;
-    if (c->alibi) {
-        CK(cudaMalloc(&dslopes, (size_t)n_slopes * 4));
-        CK(cudaMemcpy(dslopes, hs, (size_t)n_slopes * 4, cudaMemcpyHostToDevice));
-    }
+    float *dslopes = slopes_on_device(c->alibi, hs, n_slopes);
     a->alibi_slopes = dslopes, a->alibi_batch_stride = c->alibi == 2 ? HQ : 0;
     a->workspace_bytes = fc_sm90_backward_workspace_size(a);
     CK(cudaMalloc(&g.ws, a->workspace_bytes));
@@ -374,6 +347,30 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
 
 /* ---- 3. timing --------------------------------------------------------------------------- */
 
+/* bench_args, plus the backward's dout in buf[4] and dq, dk, dv in buf[5..7], laid out as q, k
+ * and v are. */
+static void bench_bwd_args(fc_sm90_bwd_args *a, void *const *buf, float *lse, int B, int S, int H, int D, int bf16,
+                           int causal)
+{
+    bench_args(a, buf, lse, B, S, H, D, bf16, causal);
+    a->dout = buf[4], a->dq = buf[5], a->dk = buf[6], a->dv = buf[7];
+    a->do_sb = a->dq_sb = a->dk_sb = a->dv_sb = (int64_t)S * H * D;
+    a->do_ss = a->dq_ss = a->dk_ss = a->dv_ss = (int64_t)H * D;
+    a->do_sh = a->dq_sh = a->dk_sh = a->dv_sh = D;
+}
+
+/* Gives a the timing's one workspace, grown when a needs more: no allocation per shape. */
+static void bench_workspace(fc_sm90_bwd_args *a, void **ws, size_t *ws_bytes)
+{
+    const size_t need = fc_sm90_backward_workspace_size(a);
+    if (need > *ws_bytes) {
+        if (*ws) CK(cudaFree(*ws));
+        CK(cudaMalloc(ws, need));
+        *ws_bytes = need;
+    }
+    a->workspace = *ws, a->workspace_bytes = *ws_bytes;
+}
+
 static void bench(const cudaDeviceProp *prop)
 {
     printf("\nbench: 16k tokens, hidden 2048 (TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal)\n");
@@ -397,9 +394,6 @@ static void bench(const cudaDeviceProp *prop)
     CK(cudaMalloc(&lse, nl * 4));
     void *ws = NULL;
     size_t ws_bytes = 0;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     for (int bf16 = 1; bf16 >= 0; bf16--)
         for (int di = 0; di < 2; di++)
             for (int causal = 0; causal <= 1; causal++)
@@ -415,36 +409,14 @@ static void bench(const cudaDeviceProp *prop)
                             free(hl);
                         }
                         fc_sm90_bwd_args a;
-                        memset(&a, 0, sizeof a);
-                        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.dout = buf[4];
-                        a.dq = buf[5], a.dk = buf[6], a.dv = buf[7], a.lse = lse;
-                        a.q_sb = a.k_sb = a.v_sb = a.o_sb = a.do_sb = a.dq_sb = a.dk_sb = a.dv_sb = (int64_t)S * H * D;
-                        a.q_ss = a.k_ss = a.v_ss = a.o_ss = a.do_ss = a.dq_ss = a.dk_ss = a.dv_ss = (int64_t)H * D;
-                        a.q_sh = a.k_sh = a.v_sh = a.o_sh = a.do_sh = a.dq_sh = a.dk_sh = a.dv_sh = D;
-                        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
-                        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
-                        a.bf16 = bf16, a.scale = 1.f / sqrtf((float)D), a.causal = causal, a.deterministic = det;
-                        const size_t need = fc_sm90_backward_workspace_size(&a);
-                        if (need > ws_bytes) {
-                            if (ws) CK(cudaFree(ws));
-                            CK(cudaMalloc(&ws, need));
-                            ws_bytes = need;
-                        }
-                        a.workspace = ws, a.workspace_bytes = ws_bytes;
+                        bench_bwd_args(&a, buf, lse, B, S, H, D, bf16, causal);
+                        a.deterministic = det;
+                        bench_workspace(&a, &ws, &ws_bytes);
                         if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
                             printf("%-6s %-4d %-7d %-6d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, det, S);
                             continue;
                         }
-                        for (int w = 0; w < 2; w++) CK(fc_sm90_backward(&a, 0));
-                        sync_or_die("bench warm-up");
-                        const int iters = 5;
-                        CK(cudaEventRecord(e0, 0));
-                        for (int it = 0; it < iters; it++) CK(fc_sm90_backward(&a, 0));
-                        CK(cudaEventRecord(e1, 0));
-                        sync_or_die("bench");
-                        float ms = 0;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        ms /= iters;
+                        const float ms = time_launch(fc_sm90_backward, &a, 2, 5, "bench");
                         const double flops = 2.5 * 4.0 * B * H * (double)S * S * D / (causal ? 2 : 1);
                         printf("%-6s %-4d %-7d %-6d %6d %6d %6d %10.3f %10.1f\n", bf16 ? "bf16" : "fp16", D, causal,
                                det, S, B, H, ms, flops / (ms * 1e-3) / 1e12);
@@ -453,12 +425,8 @@ static void bench(const cudaDeviceProp *prop)
     /* The feature kernel at one shape: a window must cost about its share of the blocks. */
     if (bench_features_skipped()) return;
     printf("\nfeatures: bf16 d128, seqlen 8192, batch 2, 16 heads (ms; TFLOP/s over the visible pairs)\n");
-    float *slopes;
-    CK(cudaMalloc(&slopes, 16 * 4));
+    float *slopes = bench_slopes();
     {
-        float hs[16];
-        for (int i = 0; i < 16; i++) hs[i] = powf(2.f, -0.5f * (i + 1));
-        CK(cudaMemcpy(slopes, hs, sizeof hs, cudaMemcpyHostToDevice));
         float *hl = (float *)malloc(nl * 4);
         for (size_t i = 0; i < nl; i++) hl[i] = logf(8192.f);
         CK(cudaMemcpy(lse, hl, nl * 4, cudaMemcpyHostToDevice));
@@ -476,47 +444,17 @@ static void bench(const cudaDeviceProp *prop)
     for (size_t f = 0; f < sizeof fb / sizeof fb[0]; f++) {
         const int D = 128, S = 8192, H = 16, B = 2;
         fc_sm90_bwd_args a;
-        memset(&a, 0, sizeof a);
-        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.dout = buf[4];
-        a.dq = buf[5], a.dk = buf[6], a.dv = buf[7], a.lse = lse;
-        a.q_sb = a.k_sb = a.v_sb = a.o_sb = a.do_sb = a.dq_sb = a.dk_sb = a.dv_sb = (int64_t)S * H * D;
-        a.q_ss = a.k_ss = a.v_ss = a.o_ss = a.do_ss = a.dq_ss = a.dk_ss = a.dv_ss = (int64_t)H * D;
-        a.q_sh = a.k_sh = a.v_sh = a.o_sh = a.do_sh = a.dq_sh = a.dk_sh = a.dv_sh = D;
-        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
-        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
-        a.bf16 = 1, a.scale = 1.f / sqrtf((float)D), a.causal = fb[f].causal;
+        bench_bwd_args(&a, buf, lse, B, S, H, D, 1, fb[f].causal);
         a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
         a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
         a.deterministic = fb[f].det;
-        const size_t need = fc_sm90_backward_workspace_size(&a);
-        if (need > ws_bytes) {
-            if (ws) CK(cudaFree(ws));
-            CK(cudaMalloc(&ws, need));
-            ws_bytes = need;
-        }
-        a.workspace = ws, a.workspace_bytes = ws_bytes;
+        bench_workspace(&a, &ws, &ws_bytes);
         if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
             printf("  %-40s not supported\n", fb[f].name);
             continue;
         }
-        for (int w = 0; w < 2; w++) CK(fc_sm90_backward(&a, 0));
-        sync_or_die("feature bench warm-up");
-        const int iters = 5;
-        CK(cudaEventRecord(e0, 0));
-        for (int it = 0; it < iters; it++) CK(fc_sm90_backward(&a, 0));
-        CK(cudaEventRecord(e1, 0));
-        sync_or_die("feature bench");
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ms /= iters;
-        double pairs = 0; /* visible (query, key) pairs of one head */
-        for (long i = 0; i < S; i++) {
-            long lo = 0, hi = S;
-            if (a.causal && i + 1 < hi) hi = i + 1;
-            if (a.window && a.window_right >= 0 && i + a.window_right + 1 < hi) hi = i + a.window_right + 1;
-            if (a.window && a.window_left >= 0 && i - a.window_left > lo) lo = i - a.window_left;
-            if (hi > lo) pairs += (double)(hi - lo);
-        }
+        const float ms = time_launch(fc_sm90_backward, &a, 2, 5, "feature bench");
+        const double pairs = visible_pairs(&a, S);
         printf("  %-40s %8.3f ms %8.1f TFLOP/s\n", fb[f].name, ms, 2.5 * 4.0 * B * H * pairs * D / (ms * 1e-3) / 1e12);
         fflush(stdout);
     }
@@ -526,64 +464,47 @@ static void bench(const cudaDeviceProp *prop)
     if (ws) cudaFree(ws);
 }
 
+/* The backward's cases (with --small those of at most 20000 scores). */
+static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
+{
+    /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, deterministic */
+    static const bcase cases[] = {
+        {1, 1, 1, 2, 2, 64, 0, 0, 0, 0},        {1, 1, 1, 2, 2, 128, 1, 1, 0, 0},
+        {2, 17, 17, 2, 2, 64, 0, 1, 0, 0},      {2, 17, 17, 2, 2, 128, 1, 0, 0, 0},
+        {1, 17, 1000, 2, 1, 128, 1, 1, 0, 0},   {1, 1000, 17, 2, 1, 128, 1, 0, 0, 0},
+        {1, 1000, 17, 2, 1, 64, 2, 1, 0, 0},    {1, 17, 1000, 2, 2, 64, 2, 0, 0, 0},
+        {1, 130, 140, 4, 1, 64, 1, 0, 1, 1},    {1, 17, 300, 2, 1, 128, 0, 1, 0, 1},
+        {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0},  {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0},
+        {1, 1000, 1000, 2, 2, 128, 1, 0, 0, 0}, {1, 1000, 1000, 2, 2, 64, 2, 1, 0, 0},
+        {1, 1000, 1000, 8, 1, 128, 0, 0, 0, 0}, {1, 1000, 1000, 8, 1, 64, 1, 1, 0, 0},
+        {2, 1000, 1000, 2, 2, 128, 0, 0, 1, 0}, {2, 300, 1000, 4, 2, 64, 1, 1, 1, 0},
+        {1, 1000, 700, 4, 1, 128, 1, 1, 0, 1},  {1, 700, 1000, 2, 2, 64, 0, 0, 0, 1},
+        {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
+        /* features: ..., deterministic, window, wl, wr, softcap, alibi */
+        {1, 130, 150, 2, 1, 64, 0, 0, 0, 0, 1, 20, 10, 0.f, 0},     /* window; blocks skipped */
+        {1, 130, 150, 2, 2, 128, 1, 1, 0, 1, 1, 5, -1, 0.f, 0},     /* window + causal */
+        {1, 100, 180, 2, 2, 128, 0, 0, 1, 0, 0, 0, 0, 10.f, 1},     /* softcap + ALiBi */
+        {2, 120, 150, 2, 1, 64, 2, 1, 0, 0, 1, 30, 0, 5.f, 2},      /* all, per-batch slopes */
+        {1, 150, 100, 2, 2, 64, 0, 0, 0, 0, 1, 0, 0, 0.f, 0},       /* rows that see no key */
+        {1, 100, 150, 2, 2, 128, 0, 1, 0, 1, 1, 0, 0, 0.f, 0},      /* keys no row sees */
+        {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0, 1, 37, 20, 0.f, 0},  /* window inside a block */
+        {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 0, 1, 100, -1, 0.f, 0},  /* window + causal */
+        {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 1, 300, -1, 0.f, 0},  /* top-left + window, GQA */
+        {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 0, 1, -1, 0, 0.f, 0},   /* (-1, 0) is causal */
+        {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
+        {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 0, 30.f, 0},   /* softcap */
+        {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 0, 5.f, 0},
+        {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0, 0.f, 1},      /* ALiBi per head */
+        {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0, 0.f, 2},    /* ALiBi per batch */
+        {1, 1000, 1000, 4, 2, 128, 0, 1, 0, 1, 1, 200, 50, 20.f, 2}, /* all three */
+        {1, 1000, 17, 2, 1, 64, 1, 0, 0, 0, 1, 3, -1, 5.f, 1},      /* rows with no key */
+        {1, 1000, 300, 2, 2, 128, 0, 1, 0, 0, 1, 0, 0, 0.f, 0},     /* whole blocks with none */
+        {1, 300, 1000, 2, 2, 128, 2, 0, 1, 0, 1, 50, 2, 8.f, 2},    /* top-left ignores wr */
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0], run_case, prop, small, 20000, pass, fail);
+}
+
 int main(int argc, char **argv)
 {
-    int do_check = 1, do_bench = 1, small = 0;
-    if (argc > 1 && !strcmp(argv[1], "--check-only")) do_bench = 0;
-    if (argc > 1 && !strcmp(argv[1], "--bench-only")) do_check = 0;
-    if (argc > 1 && !strcmp(argv[1], "--small")) do_bench = 0, small = 1;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, sm_%d%d, %d SMs, %zu bytes shared memory per block (opt-in)\n", prop.name, prop.major,
-           prop.minor, prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
-    if (prop.major != 9 || prop.minor != 0) {
-        printf("not an sm_90 device: nothing to check\n");
-        return 1;
-    }
-    int pass = 0, fail = 0;
-    if (do_check) {
-        /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, deterministic */
-        static const bcase cases[] = {
-            {1, 1, 1, 2, 2, 64, 0, 0, 0, 0},        {1, 1, 1, 2, 2, 128, 1, 1, 0, 0},
-            {2, 17, 17, 2, 2, 64, 0, 1, 0, 0},      {2, 17, 17, 2, 2, 128, 1, 0, 0, 0},
-            {1, 17, 1000, 2, 1, 128, 1, 1, 0, 0},   {1, 1000, 17, 2, 1, 128, 1, 0, 0, 0},
-            {1, 1000, 17, 2, 1, 64, 2, 1, 0, 0},    {1, 17, 1000, 2, 2, 64, 2, 0, 0, 0},
-            {1, 130, 140, 4, 1, 64, 1, 0, 1, 1},    {1, 17, 300, 2, 1, 128, 0, 1, 0, 1},
-            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0},  {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0},
-            {1, 1000, 1000, 2, 2, 128, 1, 0, 0, 0}, {1, 1000, 1000, 2, 2, 64, 2, 1, 0, 0},
-            {1, 1000, 1000, 8, 1, 128, 0, 0, 0, 0}, {1, 1000, 1000, 8, 1, 64, 1, 1, 0, 0},
-            {2, 1000, 1000, 2, 2, 128, 0, 0, 1, 0}, {2, 300, 1000, 4, 2, 64, 1, 1, 1, 0},
-            {1, 1000, 700, 4, 1, 128, 1, 1, 0, 1},  {1, 700, 1000, 2, 2, 64, 0, 0, 0, 1},
-            {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
-            /* features: ..., deterministic, window, wl, wr, softcap, alibi */
-            {1, 130, 150, 2, 1, 64, 0, 0, 0, 0, 1, 20, 10, 0.f, 0},     /* window; blocks skipped */
-            {1, 130, 150, 2, 2, 128, 1, 1, 0, 1, 1, 5, -1, 0.f, 0},     /* window + causal */
-            {1, 100, 180, 2, 2, 128, 0, 0, 1, 0, 0, 0, 0, 10.f, 1},     /* softcap + ALiBi */
-            {2, 120, 150, 2, 1, 64, 2, 1, 0, 0, 1, 30, 0, 5.f, 2},      /* all, per-batch slopes */
-            {1, 150, 100, 2, 2, 64, 0, 0, 0, 0, 1, 0, 0, 0.f, 0},       /* rows that see no key */
-            {1, 100, 150, 2, 2, 128, 0, 1, 0, 1, 1, 0, 0, 0.f, 0},      /* keys no row sees */
-            {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0, 1, 37, 20, 0.f, 0},  /* window inside a block */
-            {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 0, 1, 100, -1, 0.f, 0},  /* window + causal */
-            {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 1, 300, -1, 0.f, 0},  /* top-left + window, GQA */
-            {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 0, 1, -1, 0, 0.f, 0},   /* (-1, 0) is causal */
-            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
-            {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 0, 30.f, 0},   /* softcap */
-            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 0, 5.f, 0},
-            {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0, 0.f, 1},      /* ALiBi per head */
-            {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0, 0.f, 2},    /* ALiBi per batch */
-            {1, 1000, 1000, 4, 2, 128, 0, 1, 0, 1, 1, 200, 50, 20.f, 2}, /* all three */
-            {1, 1000, 17, 2, 1, 64, 1, 0, 0, 0, 1, 3, -1, 5.f, 1},      /* rows with no key */
-            {1, 1000, 300, 2, 2, 128, 0, 1, 0, 0, 1, 0, 0, 0.f, 0},     /* whole blocks with none */
-            {1, 300, 1000, 2, 2, 128, 2, 0, 1, 0, 1, 50, 2, 8.f, 2},    /* top-left ignores wr */
-        };
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            if (small && (long)cases[i].sq * cases[i].sk > 20000) continue;
-            if (run_case(&cases[i], &prop)) pass++;
-            else fail++;
-            fflush(stdout);
-        }
-        printf("\nSUMMARY: %d passed, %d failed\n", pass, fail);
-    }
-    if (do_bench) bench(&prop);
-    return fail == 0 ? 0 : 1;
+    return check_main(argc, argv, checks, bench);
 }

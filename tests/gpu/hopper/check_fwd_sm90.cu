@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "check_common.h"
 #include "check_util.h"
 #include "../../../src/cuda/hopper/fwd_sm90.h"
 #include "../../../src/cuda/hopper/sm90_ptx.cuh"
@@ -164,21 +165,6 @@ typedef struct fcase {
     int alibi;
 } fcase;
 
-static const char *causal_name(int c)
-{
-    return c == 0 ? "none" : c == 1 ? "bottom-right" : "top-left";
-}
-
-/* flashc.h's rules, written out one by one: does query i see key j? */
-static int visible(const fcase *c, int i, int j)
-{
-    const long off = c->causal == 2 ? 0 : (long)c->sk - c->sq;
-    if (c->causal && j > i + off) return 0;
-    if (c->window && c->wl >= 0 && j < i + off - c->wl) return 0;
-    if (c->window && c->wr >= 0 && j > i + off + c->wr) return 0;
-    return 1;
-}
-
 /* The ALiBi slope of (b, h), as the case stores it: 0 when off. */
 static float case_slope(const fcase *c, const float *slopes, int b, int h)
 {
@@ -279,23 +265,14 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     uint16_t *hq = (uint16_t *)malloc(nq * 2), *hk = (uint16_t *)malloc(nk * 2),
              *hv = (uint16_t *)malloc(nk * 2), *ho = (uint16_t *)malloc(nq * 2);
     float *hl = (float *)malloc((size_t)B * HQ * SQ * 4);
-    /* element strides: BSHD unless the case asks for the [b, h, s, d] view */
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh;
-    if (c->bhsd) {
-        q_sb = (int64_t)HQ * SQ * D, q_sh = (int64_t)SQ * D, q_ss = D;
-        k_sb = (int64_t)HK * SK * D, k_sh = (int64_t)SK * D, k_ss = D;
-    } else {
-        q_sb = (int64_t)SQ * HQ * D, q_ss = (int64_t)HQ * D, q_sh = D;
-        k_sb = (int64_t)SK * HK * D, k_ss = (int64_t)HK * D, k_sh = D;
-    }
+    view_strides(c->bhsd, SQ, HQ, D, &q_sb, &q_ss, &q_sh);
+    view_strides(c->bhsd, SK, HK, D, &k_sb, &k_ss, &k_sh);
     for (size_t i = 0; i < nq; i++) hq[i] = to16(frand(), c->bf16);
     for (size_t i = 0; i < nk; i++) hk[i] = to16(frand(), c->bf16);
     for (size_t i = 0; i < nk; i++) hv[i] = to16(frand(), c->bf16);
-    /* slopes of both kinds: [hq] or [batch, hq], as ALiBi's geometric ones are, times a
-     * random factor so that batches differ */
-    const int n_slopes = c->alibi == 2 ? B * HQ : HQ;
-    float *hs = (float *)malloc((size_t)n_slopes * 4);
-    for (int i = 0; i < n_slopes; i++) hs[i] = powf(2.f, -8.f * (float)((i % HQ) + 1) / HQ) * (1.5f + frand());
+    int n_slopes;
+    float *hs = case_slopes(c->alibi, B, HQ, &n_slopes);
 
     void *dq, *dk, *dv, *dout;
     float *dl;
@@ -309,11 +286,7 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     CK(cudaMemcpy(dv, hv, nk * 2, cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xff, nq * 2)); /* 0xffff is a NaN in fp16 and bf16 */
     CK(cudaMemset(dl, 0xff, (size_t)B * HQ * SQ * 4));
-    float *dslopes = NULL;
-    if (c->alibi) {
-        CK(cudaMalloc(&dslopes, (size_t)n_slopes * 4));
-        CK(cudaMemcpy(dslopes, hs, (size_t)n_slopes * 4, cudaMemcpyHostToDevice));
-    }
+    float *dslopes = slopes_on_device(c->alibi, hs, n_slopes);
 
     fc_sm90_fwd_args a;
     memset(&a, 0, sizeof a);
@@ -331,10 +304,8 @@ static int run_case(const fcase *c, const cudaDeviceProp *prop)
     a.softcap = c->softcap;
     a.alibi_slopes = dslopes, a.alibi_batch_stride = c->alibi == 2 ? HQ : 0;
 
-    char name[300], feat[100] = "";
-    if (c->window) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " window=(%d,%d)", c->wl, c->wr);
-    if (c->softcap > 0) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " softcap=%g", c->softcap);
-    if (c->alibi) snprintf(feat + strlen(feat), sizeof feat - strlen(feat), " alibi=%s", c->alibi == 2 ? "batch" : "head");
+    char name[300], feat[100];
+    case_features(c, feat, sizeof feat);
     snprintf(name, sizeof name, "b%d sq%d sk%d hq%d hkv%d d%d causal=%s %s %s%s", B, SQ, SK, HQ, HK, D,
              causal_name(c->causal), c->bf16 ? "bf16" : "fp16", c->bhsd ? "bhsd-view" : "bshd", feat);
     if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
@@ -401,9 +372,6 @@ static void bench(const cudaDeviceProp *prop)
     }
     float *lse;
     CK(cudaMalloc(&lse, (size_t)16384 * 32 * 4));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     for (int bf16 = 1; bf16 >= 0; bf16--)
         for (int di = 0; di < 3; di++)
             for (int causal = 0; causal <= 1; causal++)
@@ -411,28 +379,12 @@ static void bench(const cudaDeviceProp *prop)
                     const int D = dims[di], S = seqs[si], H = 2048 / D, B = 16384 / S;
                     if (bench_shape_skipped(bf16, D, causal, S)) continue;
                     fc_sm90_fwd_args a;
-                    memset(&a, 0, sizeof a);
-                    a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.lse = lse;
-                    a.q_sb = a.k_sb = a.v_sb = a.o_sb = (int64_t)S * H * D;
-                    a.q_ss = a.k_ss = a.v_ss = a.o_ss = (int64_t)H * D;
-                    a.q_sh = a.k_sh = a.v_sh = a.o_sh = D;
-                    a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
-                    a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
-                    a.bf16 = bf16, a.scale = 1.f / sqrtf((float)D), a.causal = causal;
+                    bench_args(&a, buf, lse, B, S, H, D, bf16, causal);
                     if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
                         printf("%-6s %-5d %-7d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, S);
                         continue;
                     }
-                    for (int w = 0; w < 3; w++) CK(fc_sm90_forward(&a, 0));
-                    sync_or_die("bench warm-up");
-                    const int iters = 10;
-                    CK(cudaEventRecord(e0, 0));
-                    for (int it = 0; it < iters; it++) CK(fc_sm90_forward(&a, 0));
-                    CK(cudaEventRecord(e1, 0));
-                    sync_or_die("bench");
-                    float ms = 0;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    ms /= iters;
+                    const float ms = time_launch(fc_sm90_forward, &a, 3, 10, "bench");
                     const double flops = 4.0 * B * H * (double)S * S * D / (causal ? 2 : 1);
                     printf("%-6s %-5d %-7d %6d %6d %6d %10.3f %10.1f\n", bf16 ? "bf16" : "fp16", D, causal, S, B,
                            H, ms, flops / (ms * 1e-3) / 1e12);
@@ -440,13 +392,7 @@ static void bench(const cudaDeviceProp *prop)
     /* The feature kernel at one shape: a window must cost about its share of the blocks. */
     if (bench_features_skipped()) return;
     printf("\nfeatures: bf16 d128, seqlen 8192, batch 2, 16 heads (ms; TFLOP/s over the visible pairs)\n");
-    float *slopes;
-    CK(cudaMalloc(&slopes, 16 * 4));
-    {
-        float hs[16];
-        for (int i = 0; i < 16; i++) hs[i] = powf(2.f, -0.5f * (i + 1));
-        CK(cudaMemcpy(slopes, hs, sizeof hs, cudaMemcpyHostToDevice));
-    }
+    float *slopes = bench_slopes();
     static const struct { const char *name; int causal, window, wl, wr; float cap; int alibi; } fb[] = {
         {"none (plain kernel)", 0, 0, -1, -1, 0.f, 0}, {"causal (plain kernel)", 1, 0, -1, -1, 0.f, 0},
         {"window (-1, -1) (plain kernel)", 0, 1, -1, -1, 0.f, 0},
@@ -458,38 +404,15 @@ static void bench(const cudaDeviceProp *prop)
     for (size_t f = 0; f < sizeof fb / sizeof fb[0]; f++) {
         const int D = 128, S = 8192, H = 16, B = 2;
         fc_sm90_fwd_args a;
-        memset(&a, 0, sizeof a);
-        a.q = buf[0], a.k = buf[1], a.v = buf[2], a.o = buf[3], a.lse = lse;
-        a.q_sb = a.k_sb = a.v_sb = a.o_sb = (int64_t)S * H * D;
-        a.q_ss = a.k_ss = a.v_ss = a.o_ss = (int64_t)H * D;
-        a.q_sh = a.k_sh = a.v_sh = a.o_sh = D;
-        a.lse_sb = (int64_t)H * S, a.lse_sh = S, a.lse_ss = 1;
-        a.batch = B, a.seqlen_q = a.seqlen_k = S, a.heads_q = a.heads_kv = H, a.head_dim = D;
-        a.bf16 = 1, a.scale = 1.f / sqrtf((float)D), a.causal = fb[f].causal;
+        bench_args(&a, buf, lse, B, S, H, D, 1, fb[f].causal);
         a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
         a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
         if (!fc_sm90_forward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
             printf("  %-40s not supported\n", fb[f].name);
             continue;
         }
-        for (int w = 0; w < 3; w++) CK(fc_sm90_forward(&a, 0));
-        sync_or_die("feature bench warm-up");
-        const int iters = 10;
-        CK(cudaEventRecord(e0, 0));
-        for (int it = 0; it < iters; it++) CK(fc_sm90_forward(&a, 0));
-        CK(cudaEventRecord(e1, 0));
-        sync_or_die("feature bench");
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ms /= iters;
-        double pairs = 0; /* visible (query, key) pairs of one head */
-        for (long i = 0; i < S; i++) {
-            long lo = 0, hi = S;
-            if (a.causal && i + 1 < hi) hi = i + 1;
-            if (a.window && a.window_right >= 0 && i + a.window_right + 1 < hi) hi = i + a.window_right + 1;
-            if (a.window && a.window_left >= 0 && i - a.window_left > lo) lo = i - a.window_left;
-            if (hi > lo) pairs += (double)(hi - lo);
-        }
+        const float ms = time_launch(fc_sm90_forward, &a, 3, 10, "feature bench");
+        const double pairs = visible_pairs(&a, S);
         printf("  %-40s %8.3f ms %8.1f TFLOP/s\n", fb[f].name, ms, 4.0 * B * H * pairs * D / (ms * 1e-3) / 1e12);
     }
     cudaFree(slopes);
@@ -497,63 +420,46 @@ static void bench(const cudaDeviceProp *prop)
     cudaFree(lse);
 }
 
+/* The layout probe, then the forward's cases (--small: those of at most 1000 x 1000 scores). */
+static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
+{
+    if (run_probe()) (*pass)++;
+    else (*fail)++;
+    /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd */
+    static const fcase cases[] = {
+        {1, 1, 1, 2, 2, 64, 0, 0, 0},          {1, 1, 1, 2, 2, 128, 1, 1, 0},
+        {2, 17, 17, 2, 2, 64, 0, 1, 0},        {2, 17, 17, 2, 2, 128, 1, 0, 0},
+        {1, 17, 1000, 2, 1, 128, 1, 1, 0},     {1, 1000, 17, 2, 1, 128, 1, 0, 0},
+        {1, 1000, 17, 2, 1, 64, 2, 1, 0},      {1, 1000, 1000, 2, 2, 64, 0, 0, 0},
+        {1, 1000, 1000, 2, 2, 128, 0, 1, 0},   {1, 1000, 1000, 2, 2, 128, 1, 0, 0},
+        {1, 1000, 1000, 2, 2, 64, 2, 1, 0},    {1, 1000, 1000, 8, 1, 128, 0, 0, 0},
+        {1, 1000, 1000, 8, 1, 64, 1, 1, 0},    {2, 1000, 1000, 2, 2, 128, 0, 0, 1},
+        {2, 300, 1000, 4, 2, 64, 1, 1, 1},     {1, 4097, 4097, 1, 1, 128, 0, 1, 0},
+        {1, 4097, 4097, 1, 1, 64, 1, 0, 0},    {1, 4097, 4097, 1, 1, 128, 1, 0, 0},
+        {1, 17, 17, 2, 2, 256, 0, 1, 0},       {1, 1000, 1000, 2, 1, 256, 1, 0, 0},
+        {1, 1000, 300, 2, 2, 256, 1, 1, 1},
+        /* features: batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, window, wl, wr, softcap, alibi */
+        {1, 17, 17, 2, 2, 128, 0, 0, 0, 1, 2, 3, 10.f, 1},
+        {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1, 37, 20, 0.f, 0},   /* window inside a block */
+        {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 1, 100, -1, 0.f, 0},   /* window + causal */
+        {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 300, -1, 0.f, 0},   /* top-left + window, GQA */
+        {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 1, -1, 0, 0.f, 0},    /* (-1, 0) is causal */
+        {1, 1000, 1000, 2, 2, 256, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
+        {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 30.f, 0},    /* softcap */
+        {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 5.f, 0},
+        {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0.f, 1},       /* ALiBi per head */
+        {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0.f, 2},     /* ALiBi per batch */
+        {1, 1000, 1000, 2, 2, 256, 0, 1, 0, 1, 200, 50, 20.f, 2}, /* all three */
+        {1, 1000, 17, 2, 1, 64, 1, 0, 0, 1, 3, -1, 5.f, 1},       /* rows with no key */
+        {1, 1000, 300, 2, 2, 128, 0, 1, 0, 1, 0, 0, 0.f, 0},      /* whole tiles with none */
+        {1, 300, 1000, 2, 2, 128, 2, 0, 1, 1, 50, 2, 8.f, 2},     /* causal top-left ignores wr */
+        {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 1, 1000, -1, 0.f, 0},
+        {1, 4097, 4097, 2, 2, 64, 0, 0, 0, 1, 256, 256, 50.f, 1},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0], run_case, prop, small, 1000000, pass, fail);
+}
+
 int main(int argc, char **argv)
 {
-    int do_check = 1, do_bench = 1, small = 0;
-    if (argc > 1 && !strcmp(argv[1], "--check-only")) do_bench = 0;
-    if (argc > 1 && !strcmp(argv[1], "--bench-only")) do_check = 0;
-    if (argc > 1 && !strcmp(argv[1], "--small")) do_bench = 0, small = 1;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, sm_%d%d, %d SMs, %zu bytes shared memory per block (opt-in)\n", prop.name, prop.major,
-           prop.minor, prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
-    if (prop.major != 9 || prop.minor != 0) {
-        printf("not an sm_90 device: nothing to check\n");
-        return 1;
-    }
-    int pass = 0, fail = 0;
-    if (do_check) {
-        if (run_probe()) pass++;
-        else fail++;
-        /* batch, sq, sk, hq, hkv, d, causal, bf16, bhsd */
-        static const fcase cases[] = {
-            {1, 1, 1, 2, 2, 64, 0, 0, 0},          {1, 1, 1, 2, 2, 128, 1, 1, 0},
-            {2, 17, 17, 2, 2, 64, 0, 1, 0},        {2, 17, 17, 2, 2, 128, 1, 0, 0},
-            {1, 17, 1000, 2, 1, 128, 1, 1, 0},     {1, 1000, 17, 2, 1, 128, 1, 0, 0},
-            {1, 1000, 17, 2, 1, 64, 2, 1, 0},      {1, 1000, 1000, 2, 2, 64, 0, 0, 0},
-            {1, 1000, 1000, 2, 2, 128, 0, 1, 0},   {1, 1000, 1000, 2, 2, 128, 1, 0, 0},
-            {1, 1000, 1000, 2, 2, 64, 2, 1, 0},    {1, 1000, 1000, 8, 1, 128, 0, 0, 0},
-            {1, 1000, 1000, 8, 1, 64, 1, 1, 0},    {2, 1000, 1000, 2, 2, 128, 0, 0, 1},
-            {2, 300, 1000, 4, 2, 64, 1, 1, 1},     {1, 4097, 4097, 1, 1, 128, 0, 1, 0},
-            {1, 4097, 4097, 1, 1, 64, 1, 0, 0},    {1, 4097, 4097, 1, 1, 128, 1, 0, 0},
-            {1, 17, 17, 2, 2, 256, 0, 1, 0},       {1, 1000, 1000, 2, 1, 256, 1, 0, 0},
-            {1, 1000, 300, 2, 2, 256, 1, 1, 1},
-            /* features: batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, window, wl, wr, softcap, alibi */
-            {1, 17, 17, 2, 2, 128, 0, 0, 0, 1, 2, 3, 10.f, 1},
-            {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1, 37, 20, 0.f, 0},   /* window inside a block */
-            {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 1, 100, -1, 0.f, 0},   /* window + causal */
-            {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 300, -1, 0.f, 0},   /* top-left + window, GQA */
-            {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 1, -1, 0, 0.f, 0},    /* (-1, 0) is causal */
-            {1, 1000, 1000, 2, 2, 256, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
-            {1, 1000, 1000, 2, 2, 128, 1, 1, 0, 0, 0, 0, 30.f, 0},    /* softcap */
-            {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 0, 0, 5.f, 0},
-            {2, 300, 1000, 4, 2, 64, 0, 0, 1, 0, 0, 0, 0.f, 1},       /* ALiBi per head */
-            {2, 1000, 1000, 2, 1, 128, 1, 1, 0, 0, 0, 0, 0.f, 2},     /* ALiBi per batch */
-            {1, 1000, 1000, 2, 2, 256, 0, 1, 0, 1, 200, 50, 20.f, 2}, /* all three */
-            {1, 1000, 17, 2, 1, 64, 1, 0, 0, 1, 3, -1, 5.f, 1},       /* rows with no key */
-            {1, 1000, 300, 2, 2, 128, 0, 1, 0, 1, 0, 0, 0.f, 0},      /* whole tiles with none */
-            {1, 300, 1000, 2, 2, 128, 2, 0, 1, 1, 50, 2, 8.f, 2},     /* causal top-left ignores wr */
-            {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 1, 1000, -1, 0.f, 0},
-            {1, 4097, 4097, 2, 2, 64, 0, 0, 0, 1, 256, 256, 50.f, 1},
-        };
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            if (small && (long)cases[i].sq * cases[i].sk > 1000000) continue;
-            if (run_case(&cases[i], &prop)) pass++;
-            else fail++;
-            fflush(stdout);
-        }
-        printf("\nSUMMARY: %d passed, %d failed\n", pass, fail);
-    }
-    if (do_bench) bench(&prop);
-    return fail == 0 ? 0 : 1;
+    return check_main(argc, argv, checks, bench);
 }

@@ -1,17 +1,26 @@
 #!/bin/sh
-# One device call: builds the Hopper forward check there (nvcc is on the device machine), runs
-# the layout probe, the correctness grid and the timing, and prints a summary. Run from the
-# repository root: sh tests/gpu/hopper/run.sh [--check-only | --bench-only]
+# One device call: builds a Hopper check there (nvcc is on the device machine), runs it and
+# prints a summary. The forward's runs the layout probe, the correctness grid and the timing;
+# with --backward (what run_bwd.sh runs) the backward's runs the correctness grid, the
+# determinism check and the timing. Run from the repository root:
+# sh tests/gpu/hopper/run.sh [--backward] [--check-only | --bench-only | --small]
 # With OUT set, the build log, the SASS and the output are also left under $OUT.
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/build}
+# 600 s for the whole forward run, 280 s for the backward's; the check itself reports a kernel
+# that hangs for 30 s and exits 3.
+if [ "${1:-}" = --backward ]; then
+    shift
+    check=check_bwd_sm90 build=--backward limit=280
+else
+    check=check_fwd_sm90 build= limit=540
+fi
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader 2>/dev/null
-sh "$here/build.sh" "$out" || exit 1
-# 600 s for the whole run; the check itself reports a kernel that hangs for 30 s and exits 3.
-timeout 540 "$out/check_fwd_sm90" "$@" > "$out/check_fwd_sm90.txt" 2>&1
+sh "$here/build.sh" $build "$out" || exit 1
+timeout $limit "$out/$check" "$@" > "$out/$check.txt" 2>&1
 rc=$?
-cat "$out/check_fwd_sm90.txt"
-echo "check_fwd_sm90 exit status: $rc (0 = all checks passed; 3 = a kernel hung; 124 = timeout)"
-grep -E "^(SUMMARY|FAIL|HANG)" "$out/check_fwd_sm90.txt"
+cat "$out/$check.txt"
+echo "$check exit status: $rc (0 = all checks passed; 3 = a kernel hung; 124 = timeout)"
+grep -E "^(SUMMARY|FAIL|HANG)" "$out/$check.txt"
 exit $rc
