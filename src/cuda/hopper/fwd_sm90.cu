@@ -810,8 +810,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
  * warpgroups' exponentials run while the third's GEMMs hold the tensor cores (d64 is the head
  * dim where the exponentials nearly match the GEMM time); its feature kernels keep two (with
  * three, the band and ALiBi state spill 56-68 bytes; sm90_launch_kind). d128: 128 x 128
- * (176-key blocks measured 0-4% slower at 2k-4k). d256 plain: 80-key blocks (Q 64 KB + 2 stages of K and V at 40 KB fill
- * 225 KB of shared memory); its feature kernels keep 64 (at 80 they spill).
+ * (176-key blocks measured 0-4% slower at 2k-4k). d256 plain: 80-key blocks (Q 64 KB + 2
+ * stages of K and V at 40 KB fill 225 KB of shared memory); its feature kernels keep 64 (at
+ * 80 they spill).
  * FC_SM90_FWD_TILES=0 builds the earlier shapes (BM 128 everywhere, BN 128 / 128 / 64), kept
  * for same-run comparisons in the standalone check. */
 #define SM90_PLAIN 0
