@@ -1084,24 +1084,20 @@ static size_t sm90b_align(size_t x)
 }
 
 /* How many CTAs share the query heads of one kv head's group: 1 (the CTA walks the group,
- * dK and dV summed in registers) unless the CTA with the most work would outlast the grid's
- * share of work per SM (divided by FC_SM90B_SPLIT_SHARE); then the smallest divisor of the
- * group that brings it under that, or the whole group. Work is counted in (query block x key
- * block x query head) steps: the heaviest CTA is the first key block of the longest sequence,
- * which every query block of it sees; the grid's work is a lower bound (a varlen batch's
- * lengths are on the device: one sequence at the longest, the other tokens spread evenly over
- * the rest), so an unequal batch splits when it may need to. Without causality this is the
- * rule "split while the grid leaves SMs idle"; with it, a grid of fewer than two CTAs per SM
- * splits, since its CTAs' work falls from the first key block to the last. Never in
- * deterministic mode, whose dK and dV must not depend on the order of fp32 additions.
- * FLASHC_SM90B_HSPLIT=n forces n (a divisor of the group) outside deterministic mode, for
- * comparisons. CTAs taken in turn by the SMs finish within the share plus the heaviest CTA,
- * so the rule bounds a grid at twice the share; FC_SM90B_SPLIT_SHARE=2 builds the bound of
- * 1.5 times (docs/PERF.md: a uniform varlen GQA batch ran 13% faster split in four than whole,
- * as this rule keeps it), to be measured against this one. */
-#ifndef FC_SM90B_SPLIT_SHARE
-#define FC_SM90B_SPLIT_SHARE 1
-#endif
+ * dK and dV summed in registers) unless the CTA with the most work would outlast half the
+ * grid's share of work per SM; then the smallest divisor of the group that brings it under
+ * that, or the whole group. CTAs taken in turn by the SMs finish within the share plus the
+ * heaviest CTA, so half keeps a grid within 1.5 times its share. A split into one query head
+ * per CTA pays the most fp32 dK and dV adds for the work it does, so where the half share
+ * asks for it, the smallest divisor under the whole share is taken instead when there is one
+ * (docs/PERF.md: a ragged causal GQA batch ran 4% slower split in eight than in four).
+ * Work is counted in (query block x key block x query head) steps: the heaviest CTA is the
+ * first key block of the longest sequence, which every query block of it sees; the grid's
+ * work is a lower bound (a varlen batch's lengths are on the device: one sequence at the
+ * longest, the other tokens spread evenly over the rest), so an unequal batch splits when it
+ * may need to. Never in deterministic mode, whose dK and dV must not depend on the order of
+ * fp32 additions. FLASHC_SM90B_HSPLIT=n forces n (a divisor of the group) outside
+ * deterministic mode, for comparisons. */
 static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
     const int group = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
@@ -1128,10 +1124,14 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
         heaviest = qb * group;
         work = live * qb * kb * group * a->heads_kv * a->batch;
     }
-    const double per_sm = work / a->num_sms;
-    for (int d = 1; d <= group; d++)
-        if (group % d == 0 && (heaviest / d <= per_sm / FC_SM90B_SPLIT_SHARE || d == group)) return d;
-    return 1;
+    const double share = work / a->num_sms;
+    int under_half = group, under_whole = group; /* the smallest divisors under each bound */
+    for (int d = group; d >= 1; d--) {
+        if (group % d) continue;
+        if (heaviest / d <= share / 2) under_half = d;
+        if (heaviest / d <= share) under_whole = d;
+    }
+    return under_half < group ? under_half : under_whole;
 }
 
 static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
