@@ -45,6 +45,7 @@ typedef struct forward_job {
     uint64_t *kbad;      /* split path: per packed block, 1 if its K holds a NaN or inf */
     int group;           /* query blocks per task, at most (sizes the scratch) */
     int forced_group;    /* FLASHC_CPU_FWD_GROUP, 0 if unset */
+    int blocks_to_pair;  /* query blocks enough to run them in pairs (task_group) */
     cpu_blocks tasks;    /* the tasks of one head of each sequence (forward_task) */
     cpu_scratch scratch;
 } forward_job;
@@ -395,13 +396,21 @@ static void block_end(const forward_job *job, fwd_block *blk)
 }
 
 /* Query blocks per task for a sequence of nk keys: two where a head's packed K/V would fill
- * a core's L2 (2 MiB on the Xeons measured), one where it fits. FLASHC_CPU_FWD_GROUP=1 or 2
- * sets it for every sequence, so that tests reach both on small shapes (the result is the
- * same either way). */
+ * a core's L2 (2 MiB on the Xeons measured), or where the call has blocks enough for pairs to
+ * leave every thread PAIRED_TASKS_PER_THREAD tasks or more; one otherwise. Pairs pay with
+ * many threads: tasks go head by head, so a head's blocks go one each to as many threads,
+ * and each of them brings the head's K/V in from L3 for one block, where a pair shares the
+ * read (docs/PERF.md: 8% at 1k and 16 threads). FLASHC_CPU_FWD_GROUP=1 or 2 sets it for
+ * every sequence, so that tests reach both on small shapes (the result is the same either
+ * way). */
+enum { PAIRED_TASKS_PER_THREAD = 4 };
+
 static int task_group(const forward_job *job, int64_t nk)
 {
     if (job->forced_group)
         return job->forced_group;
+    if (job->blocks_to_pair)
+        return MAX_GROUP;
     return 2 * (size_t)nk * (size_t)job->dp * elem_size(job) >= ((size_t)2 << 20) ? MAX_GROUP : 1;
 }
 
@@ -484,6 +493,8 @@ flashc_status flashc_cpu_forward(void *state, const flashc_problem *pr, const fl
                                                     job.block_elems * elem_size(&job));
     const int threads = flashc_threadpool_size(st->pool);
     job.forced_group = forced_group();
+    job.blocks_to_pair = flashc_cpu_total_blocks(pr, 0) * pr->heads_q >=
+                         (int64_t)MAX_GROUP * PAIRED_TASKS_PER_THREAD * threads;
     job.group = task_group(&job, pr->max_seqlen_k);
     const size_t scratch_floats = flashc_cpu_lines(forward_scratch_floats(job.dp, job.group));
     const size_t bad_bytes = flashc_cpu_line_bytes((size_t)(ktotal * pr->heads_kv) * 8) * 2;
