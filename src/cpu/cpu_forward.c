@@ -400,7 +400,7 @@ static void block_end(const forward_job *job, fwd_block *blk)
  * leave every thread PAIRED_TASKS_PER_THREAD tasks or more; one otherwise. Pairs pay with
  * many threads: tasks go head by head, so a head's blocks go one each to as many threads,
  * and each of them brings the head's K/V in from L3 for one block, where a pair shares the
- * read (docs/PERF.md: 8% at 1k and 16 threads). FLASHC_CPU_FWD_GROUP=1 or 2 sets it for
+ * read (docs/PERF.md: 6-8% at 1k and 16 threads). FLASHC_CPU_FWD_GROUP=1 or 2 sets it for
  * every sequence, so that tests reach both on small shapes (the result is the same either
  * way). */
 enum { PAIRED_TASKS_PER_THREAD = 4 };
