@@ -736,10 +736,12 @@ static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
 }
 
 /* bf16 keys against bf16 Q with vdpbf16ps, straight from the rows: no conversion, no
- * buffer, and half the multiply-add instructions of the float32 loop. Each query row takes
- * 16 keys' dot products in 16 accumulators (two dims per lane per instruction), folded by
- * the add tree. The first row brings the 16 key rows (8 KiB at most) into L1; the others
- * read them there. */
+ * buffer, and half the multiply-add instructions of the float32 loop. Two query rows at a
+ * time take eight keys' dot products in 16 accumulators (two dims per lane per instruction):
+ * each key chunk loaded serves both rows, so the loop loads 10 vectors per 16 products where
+ * one row against 16 keys loaded 17, and the core's one vector load per cycle held it back.
+ * The add tree folds the 16 accumulators into the two rows' 8 scores. The first pair of rows
+ * brings the 16 key rows (8 KiB at most) into L1; the others read them there. */
 static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *q16, int dp,
                                        const void *const *k, float scale,
                                        const void *const *pf, int npf, float *s)
@@ -747,30 +749,38 @@ static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *
     const int nch = (int)((d + 31) / 32);
     const __mmask32 tail = (d & 31) ? (__mmask32)((1u << (d & 31)) - 1) : (__mmask32)~0u;
     const __m512 vscale = _mm512_set1_ps(scale);
-    const void *rows[16];
+    const uint16_t *rows[16];
     for (int g0 = 0; g0 < n; g0 += 16) {
         const int gn = n - g0 < 16 ? n - g0 : 16;
         for (int c = 0; c < 16; c++) { /* keys past n: the first again, scores unused */
-            rows[c] = k[g0 + (c < gn ? c : 0)];
+            rows[c] = (const uint16_t *)k[g0 + (c < gn ? c : 0)];
             avx512_prefetch_row(pf, npf, g0 + c, d * 2);
         }
-        for (int r = 0; r < m; r++) {
-            const uint16_t *qr = q16 + (ptrdiff_t)r * dp;
-            __m512 acc[16];
-            for (int c = 0; c < 16; c++)
-                acc[c] = _mm512_setzero_ps();
-            for (int ch = 0; ch < nch; ch++) {
-                const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qr + 32 * ch));
-                const __mmask32 mk = ch == nch - 1 ? tail : (__mmask32)~0u;
-#pragma GCC unroll 16
-                for (int c = 0; c < 16; c++)
-                    acc[c] = _mm512_dpbf16_ps(
-                        acc[c], qv,
-                        (__m512bh)_mm512_maskz_loadu_epi16(
-                            mk, (const uint16_t *)rows[c] + 32 * ch));
+        for (int r = 0; r < m; r += 2) {
+            const int pair = r + 1 < m; /* an odd last row runs alone (its twin's lanes unused) */
+            const uint16_t *qa = q16 + (ptrdiff_t)r * dp, *qb = pair ? qa + dp : qa;
+            for (int c0 = 0; c0 < 16; c0 += 8) {
+                __m512 acc[16]; /* [0, 8): row r, keys c0 + i; [8, 16): row r + 1 */
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_setzero_ps();
+                for (int ch = 0; ch < nch; ch++) {
+                    const __mmask32 mk = ch == nch - 1 ? tail : (__mmask32)~0u;
+                    const __m512bh a = (__m512bh)_mm512_loadu_si512((const void *)(qa + 32 * ch));
+                    const __m512bh b = (__m512bh)_mm512_loadu_si512((const void *)(qb + 32 * ch));
+#pragma GCC unroll 8
+                    for (int i = 0; i < 8; i++) {
+                        const __m512bh kv =
+                            (__m512bh)_mm512_maskz_loadu_epi16(mk, rows[c0 + i] + 32 * ch);
+                        acc[i] = _mm512_dpbf16_ps(acc[i], a, kv);
+                        acc[8 + i] = _mm512_dpbf16_ps(acc[8 + i], b, kv);
+                    }
+                }
+                const __m512 sc = _mm512_mul_ps(avx512_sum16(acc), vscale);
+                _mm256_storeu_ps(s + r * FLASHC_CPU_BLOCK_N + g0 + c0, _mm512_castps512_ps256(sc));
+                if (pair)
+                    _mm256_storeu_ps(s + (r + 1) * FLASHC_CPU_BLOCK_N + g0 + c0,
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sc), 1)));
             }
-            _mm512_storeu_ps(s + r * FLASHC_CPU_BLOCK_N + g0,
-                             _mm512_mul_ps(avx512_sum16(acc), vscale));
         }
     }
 }
