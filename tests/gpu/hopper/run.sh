@@ -1,14 +1,14 @@
 #!/bin/sh
-# One device call: builds a Hopper check there (nvcc is on the device machine), runs it and
-# prints a summary. The forward's runs the layout probe, the correctness grid and the timing;
+# One run on a Hopper machine: builds a Hopper check there (nvcc must be on that machine), runs
+# it and prints a summary. The forward's runs the layout probe, the correctness grid and the timing;
 # with --backward (what run_bwd.sh runs) the backward's runs the correctness grid, the
 # determinism check and the timing. Run from the repository root:
 # sh tests/gpu/hopper/run.sh [--backward] [--check-only | --bench-only | --small]
 # With OUT set, the build log, the SASS and the output are also left under $OUT.
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/build}
-# The check's own limit, inside the 600 s of a call: 540 s for the forward's, 280 s for the
-# backward's; the check itself reports a kernel that hangs for 30 s and exits 3.
+# The check's own time limit, so that the whole script stays within 10 minutes: 540 s for the
+# forward's, 280 s for the backward's; the check itself reports a kernel that hangs for 30 s and exits 3.
 if [ "${1:-}" = --backward ]; then
     shift
     check=check_bwd_sm90 build=--backward limit=280
