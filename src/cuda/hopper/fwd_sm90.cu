@@ -93,9 +93,6 @@ typedef struct sm90_fwd_feat {
      * packed tensor's end), so that o, its strides and the real head dim are here too. */
     int varlen, top_left;
     const int32_t *cu_q, *cu_k;
-    /* NULL, or the sequences longest first (FC_SM90_FWD_VARLEN_ORDER): tile batch b is then
-     * sequence seq_order[b], so that the causal sections start with the longest */
-    const int *seq_order;
     uint16_t *o;
     int64_t o_sb, o_ss, o_sh;
     int head_dim;
@@ -136,12 +133,6 @@ template <int NC> struct sm90_cta {
 #define SM90_BAR_EPI0 (SM90_BAR_SCHED0 + SM90_MAX_CONSUMERS)
 #define SM90_BAR_VTAIL (SM90_BAR_EPI0 + SM90_MAX_CONSUMERS)
 
-/* Varlen causal batches walked longest sequence first (see fc_sm90_varlen_order); 0 keeps
- * the batch's own order and the kernels as they were. */
-#ifndef FC_SM90_FWD_VARLEN_ORDER
-#define FC_SM90_FWD_VARLEN_ORDER 0
-#endif
-
 /* The token at a tile's end. Off: the last consumer hands consumer 0 the token at the start of
  * its next tile, so consumer 0's first S = Q K^T of a tile waits for the last consumer's whole
  * epilogue. On: the last consumer hands it over right after issuing its last P V product, as
@@ -176,16 +167,6 @@ static __device__ __forceinline__ void sm90_tile(int t, const sm90_fwd_params &p
     }
     b = bh / p.heads_q;
     h = bh - b * p.heads_q;
-}
-
-/* sm90_tile, with a varlen batch's tile batch mapped to its sequence where the batch is
- * walked in an order of its own. */
-template <int FEAT>
-static __device__ __forceinline__ void sm90_tile_of(int t, const sm90_fwd_params &p, const sm90_fwd_feat &f,
-                                                    int &m_block, int &h, int &b)
-{
-    sm90_tile(t, p, m_block, h, b);
-    if (FC_SM90_FWD_VARLEN_ORDER && FEAT >= 2 && f.seq_order) b = f.seq_order[b];
 }
 
 template <int FEAT>
@@ -542,7 +523,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     break;
                 }
                 int m_block, h, b;
-                sm90_tile_of<FEAT>(tile, p, f, m_block, h, b);
+                sm90_tile(tile, p, m_block, h, b);
                 const sm90_seq sq = sm90_seq_of<FEAT>(p, f, b);
                 const int hk = h / p.group, m0 = m_block * BM;
                 int first_block, n_blocks;
@@ -608,7 +589,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             const int tile = *tile_slot;
             if (tile >= p.num_tiles) break;
             int m_block, h, b;
-            sm90_tile_of<FEAT>(tile, p, f, m_block, h, b);
+            sm90_tile(tile, p, m_block, h, b);
             const sm90_seq sq = sm90_seq_of<FEAT>(p, f, b);
             const int m0 = m_block * BM;
             int first_block, n_blocks;
@@ -921,49 +902,6 @@ int fc_sm90_forward_supported(const fc_sm90_fwd_args *a, int sm_major, int sm_mi
     return 1;
 }
 
-/* Varlen batches longest first (FC_SM90_FWD_VARLEN_ORDER=1; off by default, for the
- * comparison in docs/PERF.md): causal tiles go longest first within sections of (sequence,
- * head) pairs sized for L2, and a long sequence in a late section left its heaviest tiles for
- * the end of the grid. With the sequences sorted by query length (longest first, ties by
- * index) before the forward, the sections keep their L2 reuse and the longest sequence starts
- * first. One CTA sorts up to SM90_ORDER_MAX sequences in shared memory (bitonic); a larger
- * batch keeps its own order. */
-#define SM90_ORDER_MAX 4096
-#define SM90_ORDER_THREADS 1024
-
-__global__ void __launch_bounds__(SM90_ORDER_THREADS)
-fc_sm90_varlen_order(const int32_t *cu_q, int num_seqs, int total_q, int *order)
-{
-    __shared__ int len[SM90_ORDER_MAX], idx[SM90_ORDER_MAX];
-    int n = 1;
-    while (n < num_seqs) n <<= 1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        int q0 = 0, nq = -1, k0, nk; /* padding sorts last */
-        if (i < num_seqs) fc_varlen_rows(cu_q, cu_q, i, total_q, total_q, &q0, &nq, &k0, &nk);
-        len[i] = nq;
-        idx[i] = i;
-    }
-    __syncthreads();
-    /* descending by length, ascending by index among equals: a total order, so the result is
-     * the same whatever the thread count */
-    for (int k = 2; k <= n; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                const int o = i ^ j;
-                if (o > i) {
-                    const bool first_before = len[i] > len[o] || (len[i] == len[o] && idx[i] < idx[o]);
-                    if (first_before != ((i & k) == 0)) {
-                        const int tl = len[i], ti = idx[i];
-                        len[i] = len[o], idx[i] = idx[o];
-                        len[o] = tl, idx[o] = ti;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    for (int i = threadIdx.x; i < num_seqs; i += blockDim.x) order[i] = idx[i];
-}
-
 /* rows and seqs: the query rows and sequences that the tiles of BM rows cover. */
 template <int D, int BN, int STAGES, int NC, int BF16, int FEAT>
 static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params *p, const sm90_fwd_feat *f,
@@ -1008,23 +946,14 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     /* A band (causal or a window) makes tiles unequal too, and so do varlen sequences. */
     const int dynamic = (p->causal || f->has_left || f->has_right || f->varlen) && ctas < p->num_tiles &&
                         !(sched_env && strcmp(sched_env, "static") == 0);
-    sm90_fwd_feat kf = *f;
-    const int order = FC_SM90_FWD_VARLEN_ORDER && dynamic && kf.varlen && p->causal && seqs > 1 &&
-                      seqs <= SM90_ORDER_MAX;
-    if (dynamic) { /* the counter, then (ordered) the sequences' order */
-        err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int) * (order ? 1 + (size_t)seqs : 1), stream);
+    if (dynamic) {
+        err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
         if (err != cudaSuccess) return err;
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
     }
-    if (err == cudaSuccess && order) {
-        kf.seq_order = kp.tile_counter + 1;
-        fc_sm90_varlen_order<<<1, SM90_ORDER_THREADS, 0, stream>>>(kf.cu_q, seqs, a->seqlen_q,
-                                                                   (int *)kf.seq_order);
-        err = cudaGetLastError();
-    }
     if (err == cudaSuccess) {
         fc_sm90_fwd_kernel<D, BN, STAGES, NC, BF16, FEAT><<<dim3((unsigned)ctas), sm90_cta<NC>::THREADS, smem, stream>>>(
-            tq, tk, tv, to, kp, kf);
+            tq, tk, tv, to, kp, *f);
         err = cudaGetLastError();
     }
     if (dynamic) {
