@@ -143,8 +143,17 @@
 #define FC_SM90B_VARLEN_PLAIN 1
 #endif
 
-/* Query rows per block (for every head dim, so far). */
-#define SM90B_BM(D) 64
+/* Query rows per block: 64, or 80 in the plain fixed-length d128 kernel (FC_SM90B_BM80), whose
+ * per-block costs (the waits and barriers, the LSE and delta loads, the exponentials' setup,
+ * the dQ unit's hand-over) then carry a quarter more products, and whose K and V operands are
+ * read from shared memory once per 80 query rows instead of 64. An 80-row dQ unit does not fit
+ * wgmma's 64-row M, so there the unit is computed transposed, dQ^T = K^T dS^T (head-dim
+ * columns on M, queries on N). The feature kernels keep 64 (their dropout keep bits are laid
+ * out for 64-row blocks), and so do the varlen ones (their workspace pads sequences to 64). */
+#ifndef FC_SM90B_BM80
+#define FC_SM90B_BM80 1
+#endif
+#define SM90B_BM(D, FEAT) ((D) == 128 && (FEAT) == 0 && FC_SM90B_BM80 ? 80 : 64)
 
 typedef struct sm90_bwd_params {
     const float *lse2, *delta; /* [batch * heads_q][sqr] */
@@ -365,12 +374,14 @@ static __device__ __forceinline__ void sm90b_issue_rs(float (&acc)[D / 2], const
     }
 }
 
-/* A thread's 32 registers of a dQ unit into its shared-memory buffer in fragment order (its
- * registers 4g..4g+3 at buf + 2048 g bytes; buf is the buffer plus 16 t for thread t). */
-static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[32], uint32_t buf)
+/* A thread's N registers of a dQ unit (32, or 40 for an 80-row unit) into its shared-memory
+ * buffer in fragment order (its registers 4g..4g+3 at buf + 2048 g bytes; buf is the buffer
+ * plus 16 t for thread t). */
+template <int N>
+static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[N], uint32_t buf)
 {
 #pragma unroll
-    for (int g = 0; g < 8; g++) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+    for (int g = 0; g < N / 4; g++) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
 }
 
 /* d64: the partial dQ of two consumers that each ran over their own 64 keys, summed in shared
@@ -400,7 +411,8 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[32], uint32_
 /* Adds a dQ unit into the fp32 accumulator acc (this thread's floats, fragment order: its
  * registers 4g..4g+3 at acc + 512 g). In deterministic mode the adders of a unit take turns
  * through its semaphore: this one waits until rank adders have been. */
-static __device__ __forceinline__ void sm90b_add_dq(const float (&d)[32], float *acc, bool det, int *sem, int rank,
+template <int N>
+static __device__ __forceinline__ void sm90b_add_dq(const float (&d)[N], float *acc, bool det, int *sem, int rank,
                                                     int c, int t)
 {
     if (det) {
@@ -410,7 +422,7 @@ static __device__ __forceinline__ void sm90b_add_dq(const float (&d)[32], float 
         sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
     }
 #pragma unroll
-    for (int g = 0; g < 8; g++) sm90_red_add_v4(acc + g * 512, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
+    for (int g = 0; g < N / 4; g++) sm90_red_add_v4(acc + g * 512, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
     if (det) {
         __threadfence();
         sm90_bar_sync(SM90B_BAR_SEM0 + c, 128);
@@ -444,10 +456,15 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                    const sm90_bwd_params p)
 {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = SM90B_BM(D), BN = SM90B_BN, STAGES = SM90B_STAGES;
+    constexpr int BM = SM90B_BM(D, FEAT), BN = SM90B_BN, STAGES = SM90B_STAGES;
     typedef sm90_bwd_layout<D, BM> L;
     constexpr int PANELS = D / 64;
-    static_assert(BM == 64 && (D == 64 || D == 128), "tile shape");
+    static_assert((D == 64 || D == 128) && (BM == 64 || (BM == 80 && D == 128 && FEAT == 0 && L::LAG == 0)),
+                  "tile shape");
+    /* the dQ unit: 64 x 64 (dQ = dS K, queries on M), or 64 head-dim columns x 80 queries
+     * (DQ_T: dQ^T = K^T dS^T) */
+    constexpr bool DQ_T = BM != 64;
+    constexpr int DQN = DQ_T ? BM / 2 : 32; /* its accumulator registers per thread */
     /* FEAT 2 and 3: a varlen batch; FEAT 1 and 2: window, softcap, ALiBi, dropout */
     constexpr bool VARLEN = FEAT >= 2, FEATS = FEAT == 1 || FEAT == 2;
 
@@ -589,7 +606,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D;
                 for (int u = 0; u < 2; u++) {
                     sm90_mbar_wait(&dq_full[u], it & 1);
-                    sm90_bulk_reduce_add_f32(acc + u * 4096, sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
+                    sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
                 }
                 sm90_bulk_commit();
                 sm90_bulk_wait_read();
@@ -625,22 +642,26 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             nb0_ = j0_ <= 0 ? 0 : (int)(min(j0_, (long long)SM90B_LEN_K) / BN);                    \
         }                                                                                          \
         const int64_t wrow_ = SM90B_WS_ROW(qh, m0);                                                \
-        sm90b_add_dq(regs_, p.dq_acc + wrow_ * D + (u_) * 4096 + t * 4, p.deterministic,           \
+        sm90b_add_dq(regs_, p.dq_acc + wrow_ * D + (u_) * (BM * 64) + t * 4, p.deterministic,      \
                      p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr, nb - nb0_, c, t); \
     } while (0)
         float dv[D / 2], dk[D / 2];
 #pragma unroll
         for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
         /* This consumer's dQ unit into dqa (an array of the expanding scope) over the dS buffer
-         * at buf_, one commit group. */
+         * at buf_, one commit group: dS (K-major A) times K panel pb (MN-major B), or with
+         * DQ_T, K panel pb read as an M-major A times dS^T (the same tile as a K-major B). */
 #define SM90B_ISSUE_DQ(buf_)                                                                          \
     do {                                                                                              \
         const uint32_t dsb_ = (buf_);                                                                 \
         _Pragma("unroll") for (int k_ = 0; k_ < KQ; k_++) {                                           \
             const int kk_ = D == 128 ? k_ : 4 * c + k_; /* 16-key step within the block */            \
-            const uint64_t da_ = sm90_desc_kmajor(dsb_ + (kk_ >> 2) * (BM * 128) + (kk_ & 3) * 32);    \
-            const uint64_t db_ = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk_ * 16 * 128, BN * 128);   \
-            sm90_wgmma_ss<64, BF16, 1>(dqa, da_, db_, k_ > 0);                                        \
+            const uint64_t ds_ = sm90_desc_kmajor(dsb_ + (kk_ >> 2) * (BM * 128) + (kk_ & 3) * 32);    \
+            const uint64_t k_desc_ = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk_ * 16 * 128, BN * 128); \
+            if constexpr (DQ_T)                                                                       \
+                sm90_wgmma_ss<BM, BF16, 0, 1>(dqa, k_desc_, ds_, k_ > 0);                             \
+            else                                                                                      \
+                sm90_wgmma_ss<64, BF16, 1>(dqa, ds_, k_desc_, k_ > 0);                                \
         }                                                                                             \
         sm90_wgmma_commit();                                                                          \
     } while (0)
@@ -784,9 +805,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * query column 8 (j >> 2) + qc_l + (j & 1): bit 4 (j >> 2) of keep[2 ((j >> 1)
                  * & 1) + (j & 1)]. */
                 uint32_t keep[4];
-                if (FEATS && p.drop_on)
-                    fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
-                                         m0, lane, keep);
+                if constexpr (FEATS)
+                    if (p.drop_on)
+                        fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
+                                             m0, lane, keep);
 #define SM90B_KEPT(j_) ((keep[2 * (((j_) >> 1) & 1) + ((j_) & 1)] >> (4 * ((j_) >> 2))) & 1)
                 uint32_t pf[BM / 16][4], dsf[BM / 16][4];
                 sm90_wgmma_wait<0>();
@@ -891,7 +913,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * d128 waits for all three first: with dK and dV (128 registers) in flight
                  * beside the dQ unit, its registers would spill. */
                 constexpr bool DQ_FIRST = D == 64;
-                float dqa[32];
+                float dqa[DQN];
                 if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
                 sm90_wgmma_fence();
                 if constexpr (!DQ_FIRST) {
@@ -929,7 +951,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * adds into L2, and in deterministic mode half the adders that take turns.
                  * Consumer 0 stores its partial and goes on (it waits only for a buffer that
                  * consumer 1 has not yet read, two blocks back). */
-                if (D == 64)
+                if constexpr (D == 64)
                     sm90b_dq_pair_sum(dqa, sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16, c, it & 1, it >= 2,
                                       it + 2 < n_iter);
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
@@ -949,7 +971,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
                 for (int u = 0; u < LAG; u++) {
                     const int blk = n_iter - LAG + u, rb = max(blk, 0);
-                    float dqa[32];
+                    float dqa[DQN];
                     sm90_mbar_wait(&ds_full[(1 - c) * NDS + rb % NDS], (rb / NDS) & 1);
                     sm90_wgmma_fence();
                     SM90B_ISSUE_DQ(sbase + L::DS_OFF + (rb % NDS) * L::DS_BYTES);
@@ -1009,28 +1031,51 @@ typedef struct sm90_bwd_post_params {
     const int32_t *cu_q, *cu_k;
 } sm90_bwd_post_params;
 
-/* One block per (query block, head, batch or varlen sequence). Float 4i of the block's accumulator holds, for
- * unit u = 4i / 4096, thread tt = (4i % 512) / 4 and group g = (4i % 4096) / 512, the
- * registers 4g..4g+3 of the wgmma fragment: rows r, r + 8 and columns 8g + 2(lane % 4) + {0, 1}. */
+template <int BF16>
+static __device__ __forceinline__ void sm90b_store_one(void *base, int64_t off, float x)
+{
+    ((uint16_t *)base)[off] = (uint16_t)(sm90_pack2<BF16>(x, 0.f) & 0xffffu);
+}
+
+/* One block per (query block, head, batch or varlen sequence). Float 4i of the block's
+ * accumulator holds, for unit u = 4i / (64 bm), thread tt = (4i % 512) / 4 (warp w, lane l)
+ * and group g = (4i % (64 bm)) / 512, the registers 4g..4g+3 of the unit's wgmma fragment:
+ * fragment rows 16 w + l / 4 and 8 more, columns 8g + 2 (l % 4) + {0, 1}. A 64-row block's
+ * unit is dQ (rows are queries, columns head-dim columns 64 u on); an 80-row block's is dQ^T
+ * (rows are head-dim columns, columns are queries). */
 template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_params p)
 {
     const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int m0 = mb * p.bm;
+    const int m0 = mb * p.bm, unit = p.bm * 64;
+    const bool transposed = p.bm != 64;
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
     if (m0 >= sq.nq) return;
     const float4 *acc = (const float4 *)(p.dq_acc + (sq.ws0 + (int64_t)h * p.sqr + m0) * D);
+    const int64_t base = sq.tb * p.dq_sb + h * p.dq_sh;
     for (int i = threadIdx.x; i < p.bm * D / 4; i += 256) {
-        const int pos = 4 * i, u = pos >> 12, g = (pos & 4095) >> 9, tt = (pos & 511) >> 2;
+        const int pos = 4 * i, u = pos / unit, g = (pos - u * unit) >> 9, tt = (pos & 511) >> 2;
         const int w = tt >> 5, l = tt & 31;
-        const int row = 16 * w + (l >> 2), col = 8 * g + 2 * (l & 3) + 64 * u;
+        const int fr = 16 * w + (l >> 2), fc = 8 * g + 2 * (l & 3);
         const float4 v = acc[i];
-        const int r0 = m0 + row, r1 = m0 + row + 8;
-        const int64_t base = sq.tb * p.dq_sb + h * p.dq_sh + col;
+        if (transposed) { /* (query fc, column fr), (fc + 1, fr), (fc, fr + 8), (fc + 1, fr + 8) */
+            const int col = 64 * u + fr;
+            const int64_t row0 = (int64_t)(sq.q0 + m0 + fc) * p.dq_ss;
+            if (m0 + fc < sq.nq) {
+                sm90b_store_one<BF16>(p.dq, base + row0 + col, v.x * p.scale);
+                sm90b_store_one<BF16>(p.dq, base + row0 + col + 8, v.z * p.scale);
+            }
+            if (m0 + fc + 1 < sq.nq) {
+                sm90b_store_one<BF16>(p.dq, base + row0 + p.dq_ss + col, v.y * p.scale);
+                sm90b_store_one<BF16>(p.dq, base + row0 + p.dq_ss + col + 8, v.w * p.scale);
+            }
+            continue;
+        }
+        const int r0 = m0 + fr, r1 = m0 + fr + 8, col = fc + 64 * u;
         if (r0 < sq.nq)
-            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r0) * p.dq_ss, v.x * p.scale, v.y * p.scale);
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r0) * p.dq_ss + col, v.x * p.scale, v.y * p.scale);
         if (r1 < sq.nq)
-            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r1) * p.dq_ss, v.z * p.scale, v.w * p.scale);
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r1) * p.dq_ss + col, v.z * p.scale, v.w * p.scale);
     }
 }
 
@@ -1065,10 +1110,28 @@ __global__ void __launch_bounds__(256) fc_sm90_bwd_kv_post(const sm90_bwd_kv_pos
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
+/* The kernel a call takes: a window, a softcap, ALiBi or dropout select the feature kernel
+ * (FEAT 1), a varlen batch its own instantiation of it (FEAT 2), or of the plain kernel
+ * without them (FEAT 3); causal alone stays plain (FEAT 0). */
+static int sm90b_feat(const fc_sm90_bwd_args *a)
+{
+    const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
+                     a->alibi_slopes != NULL || a->dropout_p > 0.f;
+    if (a->cu_seqlens_q) return feat || !FC_SM90B_VARLEN_PLAIN ? 2 : 3;
+    return feat;
+}
+
+static int sm90b_bm(const fc_sm90_bwd_args *a)
+{
+    return a->head_dim == 128 && sm90b_feat(a) == 0 ? SM90B_BM(128, 0) : 64;
+}
+
+/* The most any of the head dim's kernels takes. */
 size_t fc_sm90_backward_smem_bytes(int head_dim)
 {
-    if (head_dim == 64) return sm90_bwd_layout<64, SM90B_BM(64)>::TOTAL;
-    if (head_dim == 128) return sm90_bwd_layout<128, SM90B_BM(128)>::TOTAL;
+    const size_t d128_80 = sm90_bwd_layout<128, SM90B_BM(128, 0)>::TOTAL, d128_64 = sm90_bwd_layout<128, 64>::TOTAL;
+    if (head_dim == 64) return sm90_bwd_layout<64, 64>::TOTAL;
+    if (head_dim == 128) return d128_80 > d128_64 ? d128_80 : d128_64;
     return 0;
 }
 
@@ -1107,7 +1170,7 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
         const long n = strtol(forced, NULL, 10);
         if (n >= 1 && n <= group && group % n == 0) return (int)n;
     }
-    const double bm = SM90B_BM(a->head_dim), bn = SM90B_BN;
+    const double bm = sm90b_bm(a), bn = SM90B_BN;
     /* a causal mask leaves at least about half of the blocks (a window: counted as none) */
     const double live = a->causal && !a->window ? 0.5 : 1.0;
     double heaviest, work;
@@ -1138,7 +1201,7 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
 {
     sm90_bwd_ws w;
     memset(&w, 0, sizeof w);
-    w.bm = SM90B_BM(a->head_dim);
+    w.bm = sm90b_bm(a);
     w.m_blocks = (a->seqlen_q + w.bm - 1) / w.bm;
     w.sqr = w.m_blocks * w.bm;
     if (a->cu_seqlens_q) { /* per head: the packed sequences, each padded (varlen.cuh) */
@@ -1208,7 +1271,7 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
 template <int D, int BF16, int FEAT>
 static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w, cudaStream_t stream)
 {
-    constexpr int BM = SM90B_BM(D);
+    constexpr int BM = SM90B_BM(D, FEAT);
     uint8_t *ws = (uint8_t *)a->workspace;
     float *lse2 = (float *)(ws + w->lse2_off), *delta = (float *)(ws + w->delta_off);
     float *acc = (float *)(ws + w->acc_off);
@@ -1336,30 +1399,18 @@ cudaError_t fc_sm90_backward(const fc_sm90_bwd_args *a, cudaStream_t stream)
     const sm90_bwd_ws w = sm90b_workspace(a);
     if (!a->workspace || a->workspace_bytes < w.total || (uintptr_t)a->workspace % 256 != 0)
         return cudaErrorInvalidValue;
-    /* a window, a softcap, ALiBi or dropout selects the feature kernel, a varlen batch its
-     * own instantiation of it (FEAT 2), or of the plain kernel without them (FEAT 3); causal
-     * alone stays plain */
-    const int feat = (a->window && (a->window_left >= 0 || a->window_right >= 0)) || a->softcap > 0.f ||
-                     a->alibi_slopes != NULL || a->dropout_p > 0.f;
-    const int varlen = a->cu_seqlens_q != NULL;
 #define SM90B_GO(D_, F_) \
     return a->bf16 ? sm90b_launch<D_, 1, F_>(a, &w, stream) : sm90b_launch<D_, 0, F_>(a, &w, stream)
-    if (a->head_dim == 64) {
-        if (varlen) {
-            if (feat || !FC_SM90B_VARLEN_PLAIN) SM90B_GO(64, 2);
-            SM90B_GO(64, 3);
-        }
-        if (feat) SM90B_GO(64, 1);
-        SM90B_GO(64, 0);
+#define SM90B_GO_FEAT(D_)             \
+    switch (sm90b_feat(a)) {          \
+    case 1: SM90B_GO(D_, 1);          \
+    case 2: SM90B_GO(D_, 2);          \
+    case 3: SM90B_GO(D_, 3);          \
+    default: SM90B_GO(D_, 0);         \
     }
-    if (a->head_dim == 128) {
-        if (varlen) {
-            if (feat || !FC_SM90B_VARLEN_PLAIN) SM90B_GO(128, 2);
-            SM90B_GO(128, 3);
-        }
-        if (feat) SM90B_GO(128, 1);
-        SM90B_GO(128, 0);
-    }
+    if (a->head_dim == 64) SM90B_GO_FEAT(64);
+    if (a->head_dim == 128) SM90B_GO_FEAT(128);
+#undef SM90B_GO_FEAT
 #undef SM90B_GO
     return cudaErrorInvalidValue;
 }

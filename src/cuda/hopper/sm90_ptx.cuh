@@ -117,11 +117,12 @@ SM90_DEVICE void sm90_fence_regs(uint32_t (&r)[N][4])
 
 /* The m64nNk16 instructions, one macro per N. Each expects in scope: d (float[N/2]), desc_a /
  * a (uint64_t / uint32_t[4]), desc_b (uint64_t), scale_d (int: 0 gives d = A B, 1 gives
- * d += A B) and the constant TRANS_B (1: B is MN-major). An instruction names its R = N / 2
+ * d += A B) and the constants TRANS_B (1: B is MN-major) and, for SS, TRANS_A (1: A is
+ * M-major). An instruction names its R = N / 2
  * accumulators one by one: SM90_D_<R> lists the operands "+f"(d[0]) .. "+f"(d[R - 1]) and
  * SM90_S_<R> their placeholders "%0" .. "%R-1", both composed eight at a time; the operands
- * after them are numbered from R on (desc_a, desc_b, scale_d, TRANS_B; or a[0..3], desc_b,
- * scale_d, TRANS_B), which SM90_WGMMA_SS / SM90_WGMMA_RS take as arguments. */
+ * after them are numbered from R on (desc_a, desc_b, scale_d, TRANS_A, TRANS_B; or a[0..3],
+ * desc_b, scale_d, TRANS_B), which SM90_WGMMA_SS / SM90_WGMMA_RS take as arguments. */
 // clang-format off
 #define SM90_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -158,12 +159,12 @@ SM90_DEVICE void sm90_fence_regs(uint32_t (&r)[N][4])
 #define SM90_D_128 SM90_D_120, SM90_D8(120)
 #define SM90_S_128 SM90_S_120 ", %120, %121, %122, %123, %124, %125, %126, %127"
 
-#define SM90_WGMMA_SS(N, R, TY, A, B, SC, TB) \
+#define SM90_WGMMA_SS(N, R, TY, A, B, SC, TA, TB) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SC ", 0;\n" \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" SM90_S_##R \
-    "}, %" #A ", %" #B ", p, 1, 1, 0, %" #TB ";\n}\n" \
+    "}, %" #A ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n" \
     : SM90_D_##R \
-    : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
+    : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
 
 #define SM90_WGMMA_RS(N, R, TY, A0, A1, A2, A3, B, SC, TB) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SC ", 0;\n" \
@@ -172,37 +173,37 @@ SM90_DEVICE void sm90_fence_regs(uint32_t (&r)[N][4])
     : SM90_D_##R \
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
 
-#define SM90_WGMMA_SS_N16(TY) SM90_WGMMA_SS(16, 8, TY, 8, 9, 10, 11)
+#define SM90_WGMMA_SS_N16(TY) SM90_WGMMA_SS(16, 8, TY, 8, 9, 10, 11, 12)
 #define SM90_WGMMA_RS_N16(TY) SM90_WGMMA_RS(16, 8, TY, 8, 9, 10, 11, 12, 13, 14)
-#define SM90_WGMMA_SS_N32(TY) SM90_WGMMA_SS(32, 16, TY, 16, 17, 18, 19)
+#define SM90_WGMMA_SS_N32(TY) SM90_WGMMA_SS(32, 16, TY, 16, 17, 18, 19, 20)
 #define SM90_WGMMA_RS_N32(TY) SM90_WGMMA_RS(32, 16, TY, 16, 17, 18, 19, 20, 21, 22)
-#define SM90_WGMMA_SS_N64(TY) SM90_WGMMA_SS(64, 32, TY, 32, 33, 34, 35)
+#define SM90_WGMMA_SS_N64(TY) SM90_WGMMA_SS(64, 32, TY, 32, 33, 34, 35, 36)
 #define SM90_WGMMA_RS_N64(TY) SM90_WGMMA_RS(64, 32, TY, 32, 33, 34, 35, 36, 37, 38)
-#define SM90_WGMMA_SS_N80(TY) SM90_WGMMA_SS(80, 40, TY, 40, 41, 42, 43)
+#define SM90_WGMMA_SS_N80(TY) SM90_WGMMA_SS(80, 40, TY, 40, 41, 42, 43, 44)
 #define SM90_WGMMA_RS_N80(TY) SM90_WGMMA_RS(80, 40, TY, 40, 41, 42, 43, 44, 45, 46)
-#define SM90_WGMMA_SS_N96(TY) SM90_WGMMA_SS(96, 48, TY, 48, 49, 50, 51)
+#define SM90_WGMMA_SS_N96(TY) SM90_WGMMA_SS(96, 48, TY, 48, 49, 50, 51, 52)
 #define SM90_WGMMA_RS_N96(TY) SM90_WGMMA_RS(96, 48, TY, 48, 49, 50, 51, 52, 53, 54)
-#define SM90_WGMMA_SS_N112(TY) SM90_WGMMA_SS(112, 56, TY, 56, 57, 58, 59)
+#define SM90_WGMMA_SS_N112(TY) SM90_WGMMA_SS(112, 56, TY, 56, 57, 58, 59, 60)
 #define SM90_WGMMA_RS_N112(TY) SM90_WGMMA_RS(112, 56, TY, 56, 57, 58, 59, 60, 61, 62)
-#define SM90_WGMMA_SS_N128(TY) SM90_WGMMA_SS(128, 64, TY, 64, 65, 66, 67)
+#define SM90_WGMMA_SS_N128(TY) SM90_WGMMA_SS(128, 64, TY, 64, 65, 66, 67, 68)
 #define SM90_WGMMA_RS_N128(TY) SM90_WGMMA_RS(128, 64, TY, 64, 65, 66, 67, 68, 69, 70)
-#define SM90_WGMMA_SS_N144(TY) SM90_WGMMA_SS(144, 72, TY, 72, 73, 74, 75)
+#define SM90_WGMMA_SS_N144(TY) SM90_WGMMA_SS(144, 72, TY, 72, 73, 74, 75, 76)
 #define SM90_WGMMA_RS_N144(TY) SM90_WGMMA_RS(144, 72, TY, 72, 73, 74, 75, 76, 77, 78)
-#define SM90_WGMMA_SS_N160(TY) SM90_WGMMA_SS(160, 80, TY, 80, 81, 82, 83)
+#define SM90_WGMMA_SS_N160(TY) SM90_WGMMA_SS(160, 80, TY, 80, 81, 82, 83, 84)
 #define SM90_WGMMA_RS_N160(TY) SM90_WGMMA_RS(160, 80, TY, 80, 81, 82, 83, 84, 85, 86)
-#define SM90_WGMMA_SS_N176(TY) SM90_WGMMA_SS(176, 88, TY, 88, 89, 90, 91)
+#define SM90_WGMMA_SS_N176(TY) SM90_WGMMA_SS(176, 88, TY, 88, 89, 90, 91, 92)
 #define SM90_WGMMA_RS_N176(TY) SM90_WGMMA_RS(176, 88, TY, 88, 89, 90, 91, 92, 93, 94)
-#define SM90_WGMMA_SS_N192(TY) SM90_WGMMA_SS(192, 96, TY, 96, 97, 98, 99)
+#define SM90_WGMMA_SS_N192(TY) SM90_WGMMA_SS(192, 96, TY, 96, 97, 98, 99, 100)
 #define SM90_WGMMA_RS_N192(TY) SM90_WGMMA_RS(192, 96, TY, 96, 97, 98, 99, 100, 101, 102)
-#define SM90_WGMMA_SS_N256(TY) SM90_WGMMA_SS(256, 128, TY, 128, 129, 130, 131)
+#define SM90_WGMMA_SS_N256(TY) SM90_WGMMA_SS(256, 128, TY, 128, 129, 130, 131, 132)
 #define SM90_WGMMA_RS_N256(TY) SM90_WGMMA_RS(256, 128, TY, 128, 129, 130, 131, 132, 133, 134)
 
 #define SM90_WGMMA_FOR_EACH_N(X) X(16) X(32) X(64) X(80) X(96) X(112) X(128) X(144) X(160) X(176) X(192) X(256)
 // clang-format on
 
-/* d (+)= A B for one k16 step, A (64 x 16, K-major) and B (16 x N) from shared memory.
- * BF16 picks bf16 or fp16 inputs; TRANS_B = 1 when B is MN-major. */
-template <int N, int BF16, int TRANS_B>
+/* d (+)= A B for one k16 step, A (64 x 16) and B (16 x N) from shared memory. BF16 picks
+ * bf16 or fp16 inputs; TRANS_B = 1 when B is MN-major, TRANS_A = 1 when A is M-major. */
+template <int N, int BF16, int TRANS_B, int TRANS_A = 0>
 SM90_DEVICE void sm90_wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d)
 {
 #define SM90_SS_CASE(NN)                      \
