@@ -148,12 +148,17 @@
  * the dQ unit's hand-over) then carry a quarter more products, and whose K and V operands are
  * read from shared memory once per 80 query rows instead of 64. An 80-row dQ unit does not fit
  * wgmma's 64-row M, so there the unit is computed transposed, dQ^T = K^T dS^T (head-dim
- * columns on M, queries on N). The feature kernels keep 64 (their dropout keep bits are laid
- * out for 64-row blocks), and so do the varlen ones (their workspace pads sequences to 64). */
+ * columns on M, queries on N). The same for the plain varlen kernel (FEAT 3), whose workspace
+ * then places sequences by fc_varlen_ws_start80. The feature kernels keep 64 (their dropout
+ * keep bits are laid out for 64-row blocks). */
 #ifndef FC_SM90B_BM80
 #define FC_SM90B_BM80 1
 #endif
-#define SM90B_BM(D, FEAT) ((D) == 128 && (FEAT) == 0 && FC_SM90B_BM80 ? 80 : 64)
+#ifndef FC_SM90B_BM80_D64
+#define FC_SM90B_BM80_D64 1
+#endif
+#define SM90B_BM(D, FEAT)                                                                         \
+    ((((D) == 128 && FC_SM90B_BM80) || ((D) == 64 && FC_SM90B_BM80_D64)) && ((FEAT) == 0 || (FEAT) == 3) ? 80 : 64)
 
 typedef struct sm90_bwd_params {
     const float *lse2, *delta; /* [batch * heads_q][sqr] */
@@ -195,15 +200,16 @@ typedef struct sm90_bwd_params {
 
 /* The sequence of a CTA: query rows q0 .. q0 + nq of the tensors' batch tb against keys
  * k0 .. k0 + nk, query i on the diagonal of key i + off; its rows of head h in the workspace
- * start at ws0 + h * sqr. A varlen sequence longer than max_seqlen_q has only its first
- * max_seqlen_q rows computed (nq is cut there; off keeps the real lengths). */
+ * start at ws0 + h * sqr (a varlen workspace laid out for query blocks of bm rows). A varlen
+ * sequence longer than max_seqlen_q has only its first max_seqlen_q rows computed (nq is cut
+ * there; off keeps the real lengths). */
 typedef struct sm90b_seq {
     int q0, nq, k0, nk, off, tb;
     int64_t ws0;
 } sm90b_seq;
 
 template <int FEAT, typename P>
-static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int heads_q, int sqr)
+static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int heads_q, int sqr, int bm)
 {
     sm90b_seq s;
     if (FEAT >= 2) {
@@ -211,7 +217,7 @@ static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int 
         s.off = p.top_left ? 0 : s.nk - s.nq;
         if (s.nq > p.max_q) s.nq = p.max_q;
         s.tb = 0;
-        s.ws0 = fc_varlen_ws_start(s.q0, b);
+        s.ws0 = bm == 80 ? fc_varlen_ws_start80(s.q0, b) : fc_varlen_ws_start(s.q0, b);
     } else {
         s.q0 = s.k0 = 0;
         s.nq = p.seqlen_q;
@@ -287,7 +293,7 @@ __global__ void __launch_bounds__(256) fc_sm90_bwd_pre(const sm90_bwd_pre_params
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
-    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, p.bm);
     if (i >= (FEAT == 2 ? (sq.nq + p.bm - 1) / p.bm * p.bm : p.sqr)) return;
     const int64_t row = sq.ws0 + (int64_t)h * p.sqr + i; /* in the workspace */
     float sum = 0.f;
@@ -390,7 +396,8 @@ static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[N], uint3
  * one reads what thread t of the other wrote. Consumer 0 first waits (wait_empty) for consumer
  * 1 to have read the buffer two blocks back; consumer 1 hands it back when a block two on will
  * use it (give_back), so that no arrival is left pending at the end. */
-static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[32], uint32_t buf, int c, int b, bool wait_empty,
+template <int N>
+static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t buf, int c, int b, bool wait_empty,
                                                          bool give_back)
 {
     if (c == 0) {
@@ -400,7 +407,7 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[32], uint32_
     } else {
         sm90_bar_sync(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
 #pragma unroll
-        for (int g = 0; g < 8; g++) {
+        for (int g = 0; g < N / 4; g++) {
             const float4 v = sm90_ld_shared_v4(buf + g * 2048);
             d[4 * g] += v.x, d[4 * g + 1] += v.y, d[4 * g + 2] += v.z, d[4 * g + 3] += v.w;
         }
@@ -459,7 +466,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr int BM = SM90B_BM(D, FEAT), BN = SM90B_BN, STAGES = SM90B_STAGES;
     typedef sm90_bwd_layout<D, BM> L;
     constexpr int PANELS = D / 64;
-    static_assert((D == 64 || D == 128) && (BM == 64 || (BM == 80 && D == 128 && FEAT == 0 && L::LAG == 0)),
+    static_assert((D == 64 || D == 128) && (BM == 64 || (BM == 80 && (FEAT == 0 || FEAT == 3) && L::LAG == 0)),
                   "tile shape");
     /* the dQ unit: 64 x 64 (dQ = dS K, queries on M), or 64 head-dim columns x 80 queries
      * (DQ_T: dQ^T = K^T dS^T) */
@@ -490,7 +497,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int n0 = nb * BN;
     /* Every thread reads its sequence from the prefix sums for the band below, which runs
      * before the barrier that publishes thread 0's copy in shared memory. */
-    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, BM);
     if (VARLEN && n0 >= sq.nk) return; /* a key block past a shorter sequence's end */
     if (VARLEN && tid == 0) {
         int *seq = (int *)(smem + L::SEQ_OFF);
@@ -1049,7 +1056,7 @@ __global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_para
     const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int m0 = mb * p.bm, unit = p.bm * 64;
     const bool transposed = p.bm != 64;
-    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr);
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, p.bm);
     if (m0 >= sq.nq) return;
     const float4 *acc = (const float4 *)(p.dq_acc + (sq.ws0 + (int64_t)h * p.sqr + m0) * D);
     const int64_t base = sq.tb * p.dq_sb + h * p.dq_sh;
@@ -1096,7 +1103,7 @@ template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_sm90_bwd_kv_post(const sm90_bwd_kv_post_params p)
 {
     const int n0 = blockIdx.x * SM90B_BN, hk = blockIdx.y, b = blockIdx.z;
-    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, 0, 0);
+    const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, 0, 0, 64); /* keys only */
     const int rows = min(SM90B_BN, sq.nk - n0);
     for (int i = threadIdx.x; i < rows * (D / 2); i += 256) {
         const int64_t tok = sq.k0 + n0 + i / (D / 2);
@@ -1123,14 +1130,18 @@ static int sm90b_feat(const fc_sm90_bwd_args *a)
 
 static int sm90b_bm(const fc_sm90_bwd_args *a)
 {
-    return a->head_dim == 128 && sm90b_feat(a) == 0 ? SM90B_BM(128, 0) : 64;
+    const int feat = sm90b_feat(a);
+    if (feat == 1 || feat == 2) return 64;
+    return a->head_dim == 128 ? SM90B_BM(128, 0) : SM90B_BM(64, 0);
 }
 
 /* The most any of the head dim's kernels takes. */
 size_t fc_sm90_backward_smem_bytes(int head_dim)
 {
     const size_t d128_80 = sm90_bwd_layout<128, SM90B_BM(128, 0)>::TOTAL, d128_64 = sm90_bwd_layout<128, 64>::TOTAL;
-    if (head_dim == 64) return sm90_bwd_layout<64, 64>::TOTAL;
+    if (head_dim == 64) return sm90_bwd_layout<64, SM90B_BM(64, 0)>::TOTAL > sm90_bwd_layout<64, 64>::TOTAL
+                                   ? sm90_bwd_layout<64, SM90B_BM(64, 0)>::TOTAL
+                                   : sm90_bwd_layout<64, 64>::TOTAL;
     if (head_dim == 128) return d128_80 > d128_64 ? d128_80 : d128_64;
     return 0;
 }
@@ -1205,7 +1216,8 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.m_blocks = (a->seqlen_q + w.bm - 1) / w.bm;
     w.sqr = w.m_blocks * w.bm;
     if (a->cu_seqlens_q) { /* per head: the packed sequences, each padded (varlen.cuh) */
-        w.sqr = (int)FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs);
+        w.sqr = (int)(w.bm == 80 ? FC_VARLEN_WS_ROWS80(a->seqlen_q, a->num_seqs)
+                                 : FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs));
         w.m_blocks = w.sqr / w.bm;
     }
     const size_t rows = (size_t)a->batch * a->heads_q * w.sqr;
@@ -1248,7 +1260,8 @@ int fc_sm90_backward_supported(const fc_sm90_bwd_args *a, int sm_major, int sm_m
     if (a->cu_seqlens_q || a->cu_seqlens_k) {
         if (!a->cu_seqlens_q || !a->cu_seqlens_k || a->batch != 1 || a->num_seqs < 1 || a->num_seqs > 65535 ||
             a->max_seqlen_q < 1 || a->max_seqlen_k < 1 || (uintptr_t)a->cu_seqlens_q % 4 != 0 ||
-            (uintptr_t)a->cu_seqlens_k % 4 != 0 || FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs) > 0x7fff0000)
+            (uintptr_t)a->cu_seqlens_k % 4 != 0 || FC_VARLEN_WS_ROWS(a->seqlen_q, a->num_seqs) > 0x7fff0000 ||
+            FC_VARLEN_WS_ROWS80(a->seqlen_q, a->num_seqs) > 0x7fff0000)
             return 0;
     }
     const void *ptrs[8] = {a->q, a->k, a->v, a->o, a->dout, a->dq, a->dk, a->dv};
