@@ -46,15 +46,18 @@
  * 3. fc_sm90_bwd_post: dQ = scale * accumulator, to 16 bits, from the fragment order back to
  *    [row][column]; with a split group, fc_sm90_bwd_kv_post converts dK and dV likewise.
  *
- * BM = 64 query rows per block. Head dim 128: consumer c's dQ unit is head-dim columns
- * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS). Head dim 64: each
+ * BM = 80 query rows per block in the plain kernels (fixed-length and varlen), 64 in the
+ * feature kernels (SM90B_BM). Head dim 128: consumer c's dQ unit is head-dim columns
+ * [64c, 64c + 64) over all 128 keys (so it reads both consumers' dS); with 80 rows, which
+ * wgmma's 64-row M cannot hold, the unit is computed transposed, dQ^T = K^T dS^T. Head dim 64: each
  * consumer computes the whole 64 x 64 dQ over its own 64 keys, so it reads only its own half
  * of dS and the two consumers do not wait for each other's dS (one's exponentials run beside
  * the other's products); it issues the dQ product first so that the reduction runs beside
  * dK and dV. The two partials are summed in shared memory (consumer 0 stores, consumer 1
  * adds and reduces into global memory): one adder per block, half the reduction traffic of
  * two and, in deterministic mode, half the turns. Every GEMM uses an operand form (K-major
- * SS, MN-major B in SS and RS) that the forward's layout probe checked.
+ * SS, MN-major B in SS and RS) that the forward's layout probe checked, and the transposed
+ * dQ an M-major A (SS), checked against the reference by the backward's tests.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
