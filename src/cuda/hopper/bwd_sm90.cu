@@ -146,14 +146,14 @@
 #define FC_SM90B_VARLEN_PLAIN 1
 #endif
 
-/* Query rows per block: 64, or 80 in the plain fixed-length d128 kernel (FC_SM90B_BM80), whose
- * per-block costs (the waits and barriers, the LSE and delta loads, the exponentials' setup,
- * the dQ unit's hand-over) then carry a quarter more products, and whose K and V operands are
- * read from shared memory once per 80 query rows instead of 64. An 80-row dQ unit does not fit
- * wgmma's 64-row M, so there the unit is computed transposed, dQ^T = K^T dS^T (head-dim
- * columns on M, queries on N). The same for the plain varlen kernel (FEAT 3), whose workspace
- * then places sequences by fc_varlen_ws_start80. The feature kernels keep 64 (their dropout
- * keep bits are laid out for 64-row blocks). */
+/* Query rows per block: 80 in the plain kernels (FEAT 0, and FEAT 3 over a varlen batch, whose
+ * workspace then places sequences by fc_varlen_ws_start80) at head dim 128 (FC_SM90B_BM80)
+ * and 64 (FC_SM90B_BM80_D64), 64 otherwise. With 80 rows the per-block costs (the waits and
+ * barriers, the LSE and delta loads, the exponentials' setup, the dQ unit's hand-over) carry a
+ * quarter more products, and the K and V operands are read from shared memory once per 80
+ * query rows instead of 64. An 80-row dQ unit does not fit wgmma's 64-row M, so there the unit
+ * is computed transposed, dQ^T = K^T dS^T (head-dim columns on M, queries on N). The feature
+ * kernels keep 64 (their dropout keep bits are laid out for 64-row blocks). */
 #ifndef FC_SM90B_BM80
 #define FC_SM90B_BM80 1
 #endif
@@ -1138,14 +1138,19 @@ static int sm90b_bm(const fc_sm90_bwd_args *a)
     return a->head_dim == 128 ? SM90B_BM(128, 0) : SM90B_BM(64, 0);
 }
 
-/* The most any of the head dim's kernels takes. */
+/* The most any of the head dim's kernels takes: the plain kernels' blocks or the feature
+ * kernels' 64 rows. */
+template <int D>
+static size_t sm90b_smem_most(void)
+{
+    const size_t plain = sm90_bwd_layout<D, SM90B_BM(D, 0)>::TOTAL, feat = sm90_bwd_layout<D, 64>::TOTAL;
+    return plain > feat ? plain : feat;
+}
+
 size_t fc_sm90_backward_smem_bytes(int head_dim)
 {
-    const size_t d128_80 = sm90_bwd_layout<128, SM90B_BM(128, 0)>::TOTAL, d128_64 = sm90_bwd_layout<128, 64>::TOTAL;
-    if (head_dim == 64) return sm90_bwd_layout<64, SM90B_BM(64, 0)>::TOTAL > sm90_bwd_layout<64, 64>::TOTAL
-                                   ? sm90_bwd_layout<64, SM90B_BM(64, 0)>::TOTAL
-                                   : sm90_bwd_layout<64, 64>::TOTAL;
-    if (head_dim == 128) return d128_80 > d128_64 ? d128_80 : d128_64;
+    if (head_dim == 64) return sm90b_smem_most<64>();
+    if (head_dim == 128) return sm90b_smem_most<128>();
     return 0;
 }
 
