@@ -42,10 +42,10 @@ static __device__ __forceinline__ int64_t fc_varlen_ws_start(int q0, int b)
     return ((int64_t)q0 + 128 * (int64_t)b) / 128 * 128;
 }
 
-/* The same for 80-row query blocks (the Hopper d128 backward): sequence b starts at a multiple
- * of 4 rows (16-byte aligned fp32 vectors) at least 81 rows past the previous sequence's start
- * plus its length, so its blocks padded to 80 rows never reach the next sequence's; the rows
- * per head are a whole number of 80-row blocks. */
+/* The same for 80-row query blocks (the Hopper backward's plain kernels): sequence b starts
+ * at a multiple of 4 rows (16-byte aligned fp32 vectors) at least 81 rows past the previous
+ * sequence's start plus its length, so its blocks padded to 80 rows never reach the next
+ * sequence's; the rows per head are a whole number of 80-row blocks. */
 #define FC_VARLEN_WS_ROWS80(total_q, num_seqs) (((int64_t)(total_q) + 84 * (int64_t)(num_seqs) + 79) / 80 * 80)
 
 static __device__ __forceinline__ int64_t fc_varlen_ws_start80(int q0, int b)

@@ -1131,11 +1131,10 @@ static int sm90b_feat(const fc_sm90_bwd_args *a)
     return feat;
 }
 
+/* The query rows per block of the kernel the call takes (as that kernel's SM90B_BM). */
 static int sm90b_bm(const fc_sm90_bwd_args *a)
 {
-    const int feat = sm90b_feat(a);
-    if (feat == 1 || feat == 2) return 64;
-    return a->head_dim == 128 ? SM90B_BM(128, 0) : SM90B_BM(64, 0);
+    return SM90B_BM(a->head_dim, sm90b_feat(a));
 }
 
 /* The most any of the head dim's kernels takes: the plain kernels' blocks or the feature
