@@ -289,41 +289,56 @@ static __device__ __forceinline__ float sm90b_hi(uint32_t w)
     return BF16 ? __uint_as_float(w & 0xffff0000u) : __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
 
-/* One warp per row: the head dim in pairs across the lanes, a butterfly sum. Row i of the
- * (padded) query blocks of batch b (varlen: sequence b), head h. */
-template <int D, int BF16, int FEAT>
-__global__ void __launch_bounds__(256) fc_sm90_bwd_pre(const sm90_bwd_pre_params p)
+/* Rows per block of the pre-pass: D / 8 threads per row, each reading 16 bytes of O and of
+ * dO (eight elements), so that every load is a full 16-byte one and a warp covers whole rows
+ * (four at d64, two at d128) rather than one row in 4-byte pieces. */
+#define SM90B_PRE_THREADS 256
+#define SM90B_PRE_ROWS(D) (SM90B_PRE_THREADS / ((D) / 8))
+
+template <int BF16>
+static __device__ __forceinline__ float sm90b_dot8(uint4 a, uint4 b)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+    return sm90b_lo<BF16>(a.x) * sm90b_lo<BF16>(b.x) + sm90b_hi<BF16>(a.x) * sm90b_hi<BF16>(b.x) +
+           sm90b_lo<BF16>(a.y) * sm90b_lo<BF16>(b.y) + sm90b_hi<BF16>(a.y) * sm90b_hi<BF16>(b.y) +
+           sm90b_lo<BF16>(a.z) * sm90b_lo<BF16>(b.z) + sm90b_hi<BF16>(a.z) * sm90b_hi<BF16>(b.z) +
+           sm90b_lo<BF16>(a.w) * sm90b_lo<BF16>(b.w) + sm90b_hi<BF16>(a.w) * sm90b_hi<BF16>(b.w);
+}
+
+/* D / 8 lanes per row (a power of two, at most a warp), a butterfly sum over them. Row i of
+ * the (padded) query blocks of batch b (varlen: sequence b), head h. */
+template <int D, int BF16, int FEAT>
+__global__ void __launch_bounds__(SM90B_PRE_THREADS) fc_sm90_bwd_pre(const sm90_bwd_pre_params p)
+{
+    constexpr int TPR = D / 8; /* threads per row */
+    static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "head dim");
+    const int x = threadIdx.x % TPR;
+    const int i = blockIdx.x * SM90B_PRE_ROWS(D) + threadIdx.x / TPR, h = blockIdx.y, b = blockIdx.z;
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, p.bm);
-    if (i >= (FEAT == 2 ? (sq.nq + p.bm - 1) / p.bm * p.bm : p.sqr)) return;
+    /* rows past the padded length do nothing, but their lanes stay for the butterfly */
+    const bool in_ws = i < (FEAT == 2 ? (sq.nq + p.bm - 1) / p.bm * p.bm : p.sqr);
     const int64_t row = sq.ws0 + (int64_t)h * p.sqr + i; /* in the workspace */
     float sum = 0.f;
     float l2 = INFINITY;
-    if (i < sq.nq) {
+    if (in_ws && i < sq.nq) {
         const int64_t tok = sq.q0 + i;
-        const uint32_t *orow = (const uint32_t *)((const uint16_t *)p.o + sq.tb * p.o_sb + tok * p.o_ss + h * p.o_sh);
-        const uint32_t *drow =
-            (const uint32_t *)((const uint16_t *)p.dout + sq.tb * p.do_sb + tok * p.do_ss + h * p.do_sh);
-#pragma unroll
-        for (int x = lane; x < D / 2; x += 32) {
-            const uint32_t ow = orow[x], dw = drow[x];
-            sum += sm90b_lo<BF16>(ow) * sm90b_lo<BF16>(dw) + sm90b_hi<BF16>(ow) * sm90b_hi<BF16>(dw);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        const uint4 ow = ((const uint4 *)((const uint16_t *)p.o + sq.tb * p.o_sb + tok * p.o_ss + h * p.o_sh))[x];
+        const uint4 dw = ((const uint4 *)((const uint16_t *)p.dout + sq.tb * p.do_sb + tok * p.do_ss + h * p.do_sh))[x];
+        sum = sm90b_dot8<BF16>(ow, dw);
         const float lse = p.lse[sq.tb * p.lse_sb + h * p.lse_sh + tok * p.lse_ss];
         l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
-    if (lane == 0) {
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (!in_ws) return;
+    if (x == 0) {
         p.delta[row] = sum;
         p.lse2[row] = l2;
     }
     float4 *acc = (float4 *)(p.dq_acc + row * D);
-    for (int x = lane; x < D / 4; x += 32) acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int c = x; c < D / 4; c += TPR) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     /* one semaphore pair per query block: its first row is a multiple of bm */
-    if (p.sem && i % p.bm == 0 && lane < 2) p.sem[row / p.bm * 2 + lane] = 0;
+    if (p.sem && i % p.bm == 0 && x < 2) p.sem[row / p.bm * 2 + x] = 0;
 }
 
 /* ---- 2. main kernel -------------------------------------------------------------------------- */
@@ -1324,7 +1339,8 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     pre.cu_q = a->cu_seqlens_q, pre.cu_k = a->cu_seqlens_k;
     /* the pre- and post-passes only tell fixed lengths (0) from varlen (2) */
     constexpr int PF = FEAT >= 2 ? 2 : 0;
-    fc_sm90_bwd_pre<D, BF16, PF><<<dim3((q_rows + 7) / 8, a->heads_q, seqs), 256, 0, stream>>>(pre);
+    fc_sm90_bwd_pre<D, BF16, PF><<<dim3((q_rows + SM90B_PRE_ROWS(D) - 1) / SM90B_PRE_ROWS(D), a->heads_q, seqs),
+                                   SM90B_PRE_THREADS, 0, stream>>>(pre);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
 
