@@ -21,11 +21,9 @@
  *     also take turns issuing their GEMMs (a token passed round them on named barriers,
  *     "ping-pong" for two), so the others' softmax runs while one's GEMMs hold the tensor
  *     cores.
- *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of an O tile (in
- *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; at head dim 256,
- *     which has no room for one, the Q tile's rows stage it (or, with FC_SM90_FWD_DIRECT_O,
- *     the plain kernel stores it straight from the registers). LSE is stored directly. A row
- *     that sees no key gets O = 0, LSE = -inf.
+ *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of the Q tile (in
+ *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; LSE is stored
+ *     directly. A row that sees no key gets O = 0, LSE = -inf.
  *
  * Blocks are walked from the last key block down, so the blocks that need a mask (the partial
  * last one, the ones crossing the causal diagonal) come first; the rest run without one. TMA
@@ -141,15 +139,6 @@ template <int NC> struct sm90_cta {
  * the others do, and consumer 0 takes the one left over when the CTA runs out of tiles. */
 #ifndef FC_SM90_FWD_EARLY_TOKEN
 #define FC_SM90_FWD_EARLY_TOKEN 0
-#endif
-
-/* Where shared memory has no O tile of its own (head dim 256; the plain kernel), O goes from
- * the registers straight to global memory (16-bit pairs, rows past the sequence and columns
- * past the head dim skipped) instead of through the Q tile and a TMA store, so that the Q
- * tile is free for the next tile's Q once the last S = Q K^T has retired, as with a separate
- * O tile, rather than after the O store has read it out. Off until measured (docs/PERF.md). */
-#ifndef FC_SM90_FWD_DIRECT_O
-#define FC_SM90_FWD_DIRECT_O 0
 #endif
 
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
@@ -477,10 +466,6 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr int BM = sm90_cta<NC>::BM;
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
     constexpr bool VARLEN = FEAT >= 2, FEATS = FEAT == 1 || FEAT == 2;
-    /* O leaves without shared memory (FC_SM90_FWD_DIRECT_O; not in the feature kernels,
-     * whose band and transform state would spill beside the address arithmetic); either way
-     * the Q tile is free after the tile's last S = Q K^T (EARLY_Q) */
-    constexpr bool DIRECT_O = !L::SEP_O && FC_SM90_FWD_DIRECT_O && !FEATS, EARLY_Q = L::SEP_O || DIRECT_O;
 
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = sm90_smem_addr(smem_raw);
@@ -672,7 +657,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
-                if (EARLY_Q && n_blocks == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
+                if (L::SEP_O && n_blocks == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                 if constexpr (FEATS)
@@ -711,7 +696,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
-                    if (EARLY_Q && i == n_blocks - 1) sm90_mbar_arrive(q_empty);
+                    if (L::SEP_O && i == n_blocks - 1) sm90_mbar_arrive(q_empty);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                     if constexpr (FEATS)
@@ -758,29 +743,6 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const float sum = sm90_quad_sum(l[hr]);
                 inv[hr] = sum > 0.f ? (FEATS && f.drop_on ? f.drop_scale : 1.f) / sum : 0.f;
                 lse_v[hr] = sum > 0.f ? (m[hr] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
-            }
-            if constexpr (DIRECT_O) {
-                /* this thread's two rows, 16-bit pairs; Q was released after the last S */
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    const int r = row0 + 8 * hr;
-                    if (r >= so.nq) continue;
-                    uint16_t *orow = f.o + so.tb * f.o_sb + (int64_t)(so.q0 + r) * f.o_ss + h * f.o_sh;
-#pragma unroll
-                    for (int j = 2 * hr; j < D / 2; j += 4) {
-                        const int col = 8 * (j >> 2) + 2 * (lane & 3);
-                        if (col < f.head_dim)
-                            *(uint32_t *)(orow + col) = sm90_pack2<BF16>(o[j] * inv[hr], o[j + 1] * inv[hr]);
-                    }
-                }
-                if ((lane & 3) == 0) {
-                    float *lse = p.lse + so.tb * p.lse_sb + h * p.lse_sh;
-#pragma unroll
-                    for (int hr = 0; hr < 2; hr++)
-                        if (row0 + 8 * hr < so.nq) lse[(int64_t)(so.q0 + row0 + 8 * hr) * p.lse_ss] = lse_v[hr];
-                }
-                if (n_blocks == 0) sm90_mbar_arrive(q_empty);
-                continue;
             }
             /* O in 16 bits into this warpgroup's 64 rows of the O tile, in the 128-byte-swizzled
              * layout the O tensor map expects. A separate O tile is free once the copy engine
@@ -1057,10 +1019,6 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
                      (varlen && !FC_SM90_FWD_VARLEN_PLAIN);
     sm90_fwd_feat f;
     memset(&f, 0, sizeof f);
-    /* the O store without TMA (a varlen sequence's last rows; every row with DIRECT_O) */
-    f.o = (uint16_t *)a->o;
-    f.o_sb = a->o_sb, f.o_ss = a->o_ss, f.o_sh = a->o_sh;
-    f.head_dim = a->head_dim;
     if (feat || varlen) {
         f.off = a->causal == 2 ? 0 : a->seqlen_k - a->seqlen_q;
         const int64_t wl = window ? a->window_left : -1, wr = window ? a->window_right : -1;
@@ -1085,6 +1043,9 @@ cudaError_t fc_sm90_forward(const fc_sm90_fwd_args *a, cudaStream_t stream)
         f.top_left = a->causal == 2;
         f.cu_q = a->cu_seqlens_q;
         f.cu_k = a->cu_seqlens_k;
+        f.o = (uint16_t *)a->o;
+        f.o_sb = a->o_sb, f.o_ss = a->o_ss, f.o_sh = a->o_sh;
+        f.head_dim = a->head_dim;
         f.drop_on = dropout;
         f.drop.seed = a->dropout_seed;
         f.drop.threshold = a->dropout_threshold;
