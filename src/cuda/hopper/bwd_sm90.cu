@@ -115,18 +115,6 @@
 #define FC_SM90B_DQ_BULK 1
 #endif
 
-/* d128 over fixed lengths, outside deterministic mode: the dQ conversion fused into the main
- * kernel. Each (query head, query block) unit counts down the key blocks still to add into
- * it (set by the pre-pass); the reducing warp that completes the count hands the unit to the
- * producer warpgroup's two idle warps, which convert it to 16 bits in dQ while the CTA goes
- * on, so that the conversion pass is not launched. 0 keeps the pass, for comparisons. */
-#ifndef FC_SM90B_DQ_FUSED
-#define FC_SM90B_DQ_FUSED 0 /* off until measured */
-#endif
-#define SM90B_DQ_FUSED(D, FEAT) ((D) == 128 && (FEAT) == 0 && FC_SM90B_DQ_FUSED && FC_SM90B_DQ_BULK)
-#define SM90B_CONV_SLOTS 4   /* units queued for the converting warps */
-#define SM90B_CONV_THREADS 64 /* producer warps 2 and 3 */
-
 /* d128: the consumers may run apart. Each block's dQ unit is computed LAG (1 or 2) blocks
  * later, once the other consumer's half of that block's dS is in (an mbarrier per consumer
  * and dS buffer, and one for "read", in place of the named barrier on which both consumers
@@ -205,11 +193,6 @@ typedef struct sm90_bwd_params {
      * hsplit 1: the CTA walks the whole group and stores dK, dV itself. */
     int hsplit, heads_kv;
     float *dk_acc, *dv_acc;
-    /* SM90B_DQ_FUSED: per unit (workspace row / bm), the key blocks still to add into it;
-     * NULL where the conversion pass runs. dQ itself, for the converting warps. */
-    int *dq_left;
-    void *dq;
-    int64_t dq_sb, dq_ss, dq_sh;
     /* Dropout (FEAT >= 1): the forward's keep bits regenerated for P^T (word drop_offset +
      * b * heads_q + h); dV = drop_scale (P^T Z) dO, dS^T = P^T (drop_scale Z dP^T - delta). */
     int drop_on;
@@ -249,68 +232,6 @@ static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int 
     return s;
 }
 
-/* How many key blocks add into query block m of a fixed-length call: those whose walk (the
- * main kernel's m_min, nm) reaches it. With causal masking key block nb starts at the block of
- * row nb BN - coff, the first that sees its first key, and walks nothing when that row is past
- * the queries; so nb adds into m when nb BN - coff < min((m + 1) bm, seqlen_q). */
-static __device__ __forceinline__ int sm90b_visitors(int m, int bm, int seqlen_q, int k_blocks, int causal, int coff)
-{
-    if (!causal) return k_blocks;
-    const long long lim = min((long long)(m + 1) * bm, (long long)seqlen_q) + coff;
-    if (lim <= 0) return 0;
-    return (int)min((lim + SM90B_BN - 1) / SM90B_BN, (long long)k_blocks);
-}
-
-template <int BF16>
-static __device__ __forceinline__ uint16_t sm90b_bits16(float x)
-{
-    return (uint16_t)(sm90_pack2<BF16>(x, 0.f) & 0xffffu);
-}
-
-template <int BF16>
-static __device__ __forceinline__ void sm90b_store_one(void *base, int64_t off, float x)
-{
-    ((uint16_t *)base)[off] = sm90b_bits16<BF16>(x);
-}
-
-template <int BF16>
-static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off, float x, float y)
-{
-    *(uint32_t *)((uint16_t *)base + off) = sm90_pack2<BF16>(x, y);
-}
-
-/* Float4 i of a query block's dQ accumulator, scaled, into dQ (base: the element of the
- * block's batch and head at token 0, column 0; row r of the block is token q0 + m0 + r,
- * written while m0 + r < nq). Float 4i holds, for unit u = 4i / (64 bm), thread tt = (4i %
- * 512) / 4 (warp w, lane l) and group g = (4i % (64 bm)) / 512, the registers 4g..4g+3 of the
- * unit's wgmma fragment: fragment rows 16 w + l / 4 and 8 more, columns 8g + 2 (l % 4) + {0,
- * 1}. A 64-row block's unit is dQ (rows are queries, columns head-dim columns 64 u on); an
- * 80-row block's is dQ^T (rows are head-dim columns, columns are queries). */
-template <int BF16>
-static __device__ __forceinline__ void sm90b_convert4(void *dq, int64_t base, int64_t dq_ss, int q0, int m0, int nq,
-                                                      int bm, int i, float4 v, float scale)
-{
-    const int unit = bm * 64, pos = 4 * i, u = pos / unit, g = (pos - u * unit) >> 9, tt = (pos & 511) >> 2;
-    const int w = tt >> 5, l = tt & 31;
-    const int fr = 16 * w + (l >> 2), fc = 8 * g + 2 * (l & 3);
-    if (bm != 64) { /* (query fc, column fr), (fc + 1, fr), (fc, fr + 8), (fc + 1, fr + 8) */
-        const int col = 64 * u + fr;
-        const int64_t row0 = (int64_t)(q0 + m0 + fc) * dq_ss;
-        if (m0 + fc < nq) {
-            sm90b_store_one<BF16>(dq, base + row0 + col, v.x * scale);
-            sm90b_store_one<BF16>(dq, base + row0 + col + 8, v.z * scale);
-        }
-        if (m0 + fc + 1 < nq) {
-            sm90b_store_one<BF16>(dq, base + row0 + dq_ss + col, v.y * scale);
-            sm90b_store_one<BF16>(dq, base + row0 + dq_ss + col + 8, v.w * scale);
-        }
-        return;
-    }
-    const int r0 = m0 + fr, r1 = m0 + fr + 8, col = fc + 64 * u;
-    if (r0 < nq) sm90b_store_pair<BF16>(dq, base + (int64_t)(q0 + r0) * dq_ss + col, v.x * scale, v.y * scale);
-    if (r1 < nq) sm90b_store_pair<BF16>(dq, base + (int64_t)(q0 + r1) * dq_ss + col, v.z * scale, v.w * scale);
-}
-
 /* Shared memory, every tile 1024-byte aligned: K, V, the Q ring, the dO ring, two dS buffers
  * (the next block's dS is written while the other consumer may still read this one), the
  * lse2/delta vectors per stage, the mbarriers. */
@@ -335,12 +256,11 @@ struct sm90_bwd_layout {
     static constexpr uint32_t DQ_OFF = DS_OFF + DS_BUFS * DS_BYTES;
     static constexpr uint32_t VEC_OFF = DQ_OFF + 2 * DQ_BYTES;
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
-    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2], conv_full[SLOTS],
-     * conv_empty[SLOTS]; d128 with a lag: ds_full[consumer][buffer], ds_read[consumer][buffer] */
-    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + 2 * SM90B_CONV_SLOTS + (LAG ? 4 * DS_BUFS : 0);
+    /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with a lag:
+     * ds_full[consumer][buffer], ds_read[consumer][buffer] */
+    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0);
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
-    static constexpr uint32_t CONV_OFF = SEQ_OFF + 32;      /* the units queued for conversion */
-    static constexpr uint32_t TOTAL = CONV_OFF + 24 * SM90B_CONV_SLOTS + 1024; /* + alignment slack */
+    static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
     static_assert(TOTAL <= 232448, "more shared memory than an sm_90 block may have");
 };
 
@@ -352,12 +272,6 @@ typedef struct sm90_bwd_pre_params {
     int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, lse_sb, lse_sh, lse_ss;
     float *lse2, *delta, *dq_acc;
     int *sem; /* NULL unless deterministic */
-    /* SM90B_DQ_FUSED: each unit's count of key blocks to add (sm90_bwd_params), and dQ, whose
-     * rows in blocks that no key block reaches are zeroed here */
-    int *dq_left;
-    void *dq;
-    int64_t dq_sb, dq_ss, dq_sh;
-    int k_blocks, causal, causal_offset;
     int seqlen_q, seqlen_k, sqr, heads_q, bm, m_blocks;
     int top_left, max_q; /* varlen (FEAT = 2), as sm90_bwd_params */
     const int32_t *cu_q, *cu_k;
@@ -425,12 +339,6 @@ __global__ void __launch_bounds__(SM90B_PRE_THREADS) fc_sm90_bwd_pre(const sm90_
     for (int c = x; c < D / 4; c += TPR) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     /* one semaphore pair per query block: its first row is a multiple of bm */
     if (p.sem && i % p.bm == 0 && x < 2) p.sem[row / p.bm * 2 + x] = 0;
-    if (FEAT == 0 && p.dq_left) {
-        const int visitors = sm90b_visitors(i / p.bm, p.bm, p.seqlen_q, p.k_blocks, p.causal, p.causal_offset);
-        if (i % p.bm == 0 && x == 0) p.dq_left[row / p.bm] = visitors;
-        if (visitors == 0 && i < sq.nq) /* no conversion will write this row */
-            ((uint4 *)((uint16_t *)p.dq + sq.tb * p.dq_sb + (int64_t)i * p.dq_ss + h * p.dq_sh))[x] = make_uint4(0, 0, 0, 0);
-    }
 }
 
 /* ---- 2. main kernel -------------------------------------------------------------------------- */
@@ -550,65 +458,10 @@ static __device__ __forceinline__ void sm90b_add_dq(const float (&d)[N], float *
     }
 }
 
-/* A unit queued for conversion: its accumulator, dQ at its first row (head-dim column 0),
- * and the rows of dQ from there (the block's rows past them are not written); acc NULL marks
- * the end. */
-typedef struct sm90b_conv_entry {
-    const float *acc;
-    uint16_t *dq;
-    int rows, pad;
-} sm90b_conv_entry;
-
-/* A query block's dQ accumulator (fragment order, sm90b_convert4) into dQ, by the
- * SM90B_CONV_THREADS converting threads (ct: this one), with few registers (theirs are the
- * producer warpgroup's). An 80-row block's dQ^T units: float i = 1280 u + 128 g + 64 h + ct
- * (four floats each) is fragment row fr = 16 (2 h + ct / 32) + (ct % 32) / 4 and query column
- * fc = 8 g + 2 (ct % 4), that is dQ rows fc and fc + 1 at columns 64 u + fr and 8 more. */
-template <int D, int BM, int BF16>
-static __device__ __forceinline__ void sm90b_convert_unit(const sm90_bwd_params &p, const sm90b_conv_entry &e)
+template <int BF16>
+static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off, float x, float y)
 {
-    /* this thread's index among the converting ones, read afresh for each unit so that what
-     * derives from it is not kept (in the few registers these warps have) between units */
-    const int ct = (int)sm90_tid_volatile() - (SM90B_THREADS / 3 - SM90B_CONV_THREADS);
-    if constexpr (BM == 64) {
-#pragma unroll 1
-        for (int i = ct; i < BM * D / 4; i += SM90B_CONV_THREADS)
-            sm90b_convert4<BF16>(e.dq, 0, p.dq_ss, 0, 0, e.rows, BM, i, __ldcg((const float4 *)e.acc + i), p.scale);
-    } else {
-        static_assert(D == 128 && BM * 64 == 5120, "an 80-row block of two 64-column units");
-        const int fr = 16 * (ct >> 5) + ((ct & 31) >> 2), c2 = 2 * (ct & 3);
-        const float4 *a = (const float4 *)e.acc + ct; /* this thread's floats, 128 apart per query octet */
-        uint16_t *at = e.dq + c2 * p.dq_ss + fr;      /* its first element */
-        const int left = e.rows - c2;                 /* rows of the block at and past it */
-        /* gu: 8 x (query octet + 10 x unit); unit 1 is columns 64 on, from the first octet */
-#pragma unroll 1
-        for (int gu = 0; gu < 2 * BM; gu += 8, a += 128, at += 8 * p.dq_ss) {
-            if (gu == BM) at += 64 - BM * p.dq_ss;
-            const int g8 = gu < BM ? gu : gu - BM;
-            const float4 v0 = __ldcg(a), v1 = __ldcg(a + 64);
-            const float sc = p.scale;
-            if (g8 < left) {
-                at[0] = sm90b_bits16<BF16>(v0.x * sc), at[8] = sm90b_bits16<BF16>(v0.z * sc);
-                at[32] = sm90b_bits16<BF16>(v1.x * sc), at[40] = sm90b_bits16<BF16>(v1.z * sc);
-            }
-            if (g8 + 1 < left) {
-                uint16_t *const next = at + p.dq_ss;
-                next[0] = sm90b_bits16<BF16>(v0.y * sc), next[8] = sm90b_bits16<BF16>(v0.w * sc);
-                next[32] = sm90b_bits16<BF16>(v1.y * sc), next[40] = sm90b_bits16<BF16>(v1.w * sc);
-            }
-        }
-    }
-}
-
-/* The reducing thread hands the n-th unit to the converting warps (acc NULL: no more), once
- * they have taken the entry that used its slot before. */
-static __device__ __forceinline__ void sm90b_queue_unit(sm90b_conv_entry *queue, uint64_t *full, uint64_t *empty, int n,
-                                                        const float *acc, uint16_t *dq, int rows)
-{
-    const int q = n % SM90B_CONV_SLOTS;
-    if (n >= SM90B_CONV_SLOTS) sm90_mbar_wait(&empty[q], (n / SM90B_CONV_SLOTS - 1) & 1);
-    queue[q].acc = acc, queue[q].dq = dq, queue[q].rows = rows;
-    sm90_mbar_arrive(&full[q]);
+    *(uint32_t *)((uint16_t *)base + off) = sm90_pack2<BF16>(x, y);
 }
 
 /* FEAT = 0: plain attention (causal or not). FEAT = 1 adds the window, softcap, ALiBi and
@@ -650,13 +503,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr int LAG = L::LAG, NDS = L::DS_BUFS;
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
-    uint64_t *conv_full = dq_empty + 2, *conv_empty = conv_full + SM90B_CONV_SLOTS;
-    uint64_t *ds_full = conv_empty + SM90B_CONV_SLOTS, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
+    uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
      * whose adders take turns on a semaphore) */
     const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK && !p.deterministic;
-    /* the last key block to add into a unit converts it (the launcher sets dq_left) */
-    const bool dq_fused = SM90B_DQ_FUSED(D, FEAT) && p.dq_left != nullptr;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y / p.hsplit, b = blockIdx.z;
@@ -732,10 +582,6 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u, after its stores */
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
-        for (int q = 0; q < SM90B_CONV_SLOTS; q++) {
-            sm90_mbar_init(&conv_full[q], 1);                  /* the reducing thread, unit queued */
-            sm90_mbar_init(&conv_empty[q], SM90B_CONV_THREADS); /* every converting thread, done */
-        }
         if constexpr (LAG > 0)
             for (int i = 0; i < 2 * NDS; i++) {
                 sm90_mbar_init(&ds_full[i], 128); /* consumer i / NDS's half of buffer i % NDS written */
@@ -780,12 +626,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             }
         } else if (dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
             /* the dQ units of each (query head, query block), as the consumers hand them over */
-            sm90b_conv_entry *queue = (sm90b_conv_entry *)(smem + L::CONV_OFF);
-            int queued = 0;
             for (int it = 0; it < n_iter; it++) {
                 const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
-                const int64_t row = SM90B_WS_ROW(qh, m0);
-                float *acc = p.dq_acc + row * D;
+                float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D;
                 for (int u = 0; u < 2; u++) {
                     sm90_mbar_wait(&dq_full[u], it & 1);
                     sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
@@ -793,33 +636,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_bulk_commit();
                 sm90_bulk_wait_read();
                 for (int u = 0; u < 2; u++) sm90_mbar_arrive(&dq_empty[u]);
-                if (dq_fused) {
-                    /* this CTA's additions performed and visible, then its count down; the
-                     * one that takes the last count queues the unit for conversion */
-                    sm90_bulk_wait();
-                    sm90_fence_proxy_async_global();
-                    __threadfence();
-                    if (atomicSub(p.dq_left + row / BM, 1) == 1) {
-                        __threadfence();
-                        sm90b_queue_unit(queue, conv_full, conv_empty, queued++, acc,
-                                         (uint16_t *)p.dq + b * p.dq_sb + qh * p.dq_sh + (int64_t)m0 * p.dq_ss,
-                                         p.seqlen_q - m0);
-                    }
-                }
             }
             sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
-            if (dq_fused) sm90b_queue_unit(queue, conv_full, conv_empty, queued, nullptr, nullptr, 0); /* no more */
-        } else if (dq_fused && warp >= 2 && n_iter > 0) {
-            /* the converting warps: each queued unit into dQ, until the end mark */
-            const sm90b_conv_entry *queue = (const sm90b_conv_entry *)(smem + L::CONV_OFF);
-            for (int k = 0;; k++) {
-                sm90_mbar_wait(&conv_full[k % SM90B_CONV_SLOTS], (k / SM90B_CONV_SLOTS) & 1);
-                const sm90b_conv_entry e = queue[k % SM90B_CONV_SLOTS];
-                if (!e.acc) break;
-                __threadfence(); /* the other CTAs' additions, published by the last count */
-                if constexpr (SM90B_DQ_FUSED(D, FEAT)) sm90b_convert_unit<D, BM, BF16>(p, e);
-                sm90_mbar_arrive(&conv_empty[k % SM90B_CONV_SLOTS]);
-            }
         }
     } else {
         /* ---------------- consumers ---------------- */
@@ -1238,19 +1056,52 @@ typedef struct sm90_bwd_post_params {
     const int32_t *cu_q, *cu_k;
 } sm90_bwd_post_params;
 
-/* One block per (query block, head, batch or varlen sequence): the block's accumulator
- * (fragment order, sm90b_convert4) into dQ. */
+template <int BF16>
+static __device__ __forceinline__ void sm90b_store_one(void *base, int64_t off, float x)
+{
+    ((uint16_t *)base)[off] = (uint16_t)(sm90_pack2<BF16>(x, 0.f) & 0xffffu);
+}
+
+/* One block per (query block, head, batch or varlen sequence). Float 4i of the block's
+ * accumulator holds, for unit u = 4i / (64 bm), thread tt = (4i % 512) / 4 (warp w, lane l)
+ * and group g = (4i % (64 bm)) / 512, the registers 4g..4g+3 of the unit's wgmma fragment:
+ * fragment rows 16 w + l / 4 and 8 more, columns 8g + 2 (l % 4) + {0, 1}. A 64-row block's
+ * unit is dQ (rows are queries, columns head-dim columns 64 u on); an 80-row block's is dQ^T
+ * (rows are head-dim columns, columns are queries). */
 template <int D, int BF16, int FEAT>
 __global__ void __launch_bounds__(256) fc_sm90_bwd_post(const sm90_bwd_post_params p)
 {
     const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int m0 = mb * p.bm;
+    const int m0 = mb * p.bm, unit = p.bm * 64;
+    const bool transposed = p.bm != 64;
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, p.bm);
     if (m0 >= sq.nq) return;
     const float4 *acc = (const float4 *)(p.dq_acc + (sq.ws0 + (int64_t)h * p.sqr + m0) * D);
     const int64_t base = sq.tb * p.dq_sb + h * p.dq_sh;
-    for (int i = threadIdx.x; i < p.bm * D / 4; i += 256)
-        sm90b_convert4<BF16>(p.dq, base, p.dq_ss, sq.q0, m0, sq.nq, p.bm, i, acc[i], p.scale);
+    for (int i = threadIdx.x; i < p.bm * D / 4; i += 256) {
+        const int pos = 4 * i, u = pos / unit, g = (pos - u * unit) >> 9, tt = (pos & 511) >> 2;
+        const int w = tt >> 5, l = tt & 31;
+        const int fr = 16 * w + (l >> 2), fc = 8 * g + 2 * (l & 3);
+        const float4 v = acc[i];
+        if (transposed) { /* (query fc, column fr), (fc + 1, fr), (fc, fr + 8), (fc + 1, fr + 8) */
+            const int col = 64 * u + fr;
+            const int64_t row0 = (int64_t)(sq.q0 + m0 + fc) * p.dq_ss;
+            if (m0 + fc < sq.nq) {
+                sm90b_store_one<BF16>(p.dq, base + row0 + col, v.x * p.scale);
+                sm90b_store_one<BF16>(p.dq, base + row0 + col + 8, v.z * p.scale);
+            }
+            if (m0 + fc + 1 < sq.nq) {
+                sm90b_store_one<BF16>(p.dq, base + row0 + p.dq_ss + col, v.y * p.scale);
+                sm90b_store_one<BF16>(p.dq, base + row0 + p.dq_ss + col + 8, v.w * p.scale);
+            }
+            continue;
+        }
+        const int r0 = m0 + fr, r1 = m0 + fr + 8, col = fc + 64 * u;
+        if (r0 < sq.nq)
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r0) * p.dq_ss + col, v.x * p.scale, v.y * p.scale);
+        if (r1 < sq.nq)
+            sm90b_store_pair<BF16>(p.dq, base + (int64_t)(sq.q0 + r1) * p.dq_ss + col, v.z * p.scale, v.w * p.scale);
+    }
 }
 
 /* dK and dV of a split GQA group: the fp32 accumulators (dK already scaled) to 16 bits. One
@@ -1293,13 +1144,6 @@ static int sm90b_feat(const fc_sm90_bwd_args *a)
                      a->alibi_slopes != NULL || a->dropout_p > 0.f;
     if (a->cu_seqlens_q) return feat || !FC_SM90B_VARLEN_PLAIN ? 2 : 3;
     return feat;
-}
-
-/* Whether the call's main kernel converts dQ itself (SM90B_DQ_FUSED, not in deterministic
- * mode, whose adders take turns instead of counting down). */
-static int sm90b_dq_fused(const fc_sm90_bwd_args *a)
-{
-    return (a->head_dim == 128 ? SM90B_DQ_FUSED(128, sm90b_feat(a)) : 0) && !a->deterministic;
 }
 
 /* The query rows per block of the kernel the call takes (as that kernel's SM90B_BM). */
@@ -1403,9 +1247,7 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.delta_off = sm90b_align(rows * 4);
     w.acc_off = w.delta_off + sm90b_align(rows * 4);
     w.sem_off = w.acc_off + sm90b_align(rows * a->head_dim * 4);
-    /* deterministic: a semaphore pair per unit; SM90B_DQ_FUSED: its count of key blocks left */
-    const size_t units = (size_t)a->batch * a->heads_q * w.m_blocks;
-    w.kv_off = w.sem_off + (a->deterministic ? sm90b_align(units * 2 * 4) : sm90b_dq_fused(a) ? sm90b_align(units * 4) : 0);
+    w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
     /* the fp32 dK and dV of a split GQA group: 2 x seqlen_k x heads_kv x head_dim floats */
     const int split = sm90b_group_split(a) > 1;
     w.total = w.kv_off + (split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
@@ -1469,14 +1311,6 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     float *lse2 = (float *)(ws + w->lse2_off), *delta = (float *)(ws + w->delta_off);
     float *acc = (float *)(ws + w->acc_off);
     int *sem = a->deterministic ? (int *)(ws + w->sem_off) : NULL;
-    int *dq_left = sm90b_dq_fused(a) ? (int *)(ws + w->sem_off) : NULL;
-    /* varlen: the CTA batch is the sequence, max_seqlen_q rows (and keys) each */
-    const int varlen = FEAT >= 2;
-    const int seqs = varlen ? a->num_seqs : a->batch;
-    const int q_rows = varlen ? (a->max_seqlen_q + BM - 1) / BM * BM : w->sqr;
-    const int k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
-    const int k_blocks = (k_rows + SM90B_BN - 1) / SM90B_BN;
-    const int causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
 
     CUtensorMap tq, tk, tv, tdo;
     if (!fc_sm90_encode_map(&tq, a->q, BF16, D, a->seqlen_q, a->heads_q, a->batch, a->q_ss, a->q_sh, a->q_sb, BM) ||
@@ -1496,9 +1330,11 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     pre.lse2 = lse2, pre.delta = delta, pre.dq_acc = acc, pre.sem = sem;
     pre.seqlen_q = a->seqlen_q, pre.seqlen_k = a->seqlen_k, pre.sqr = w->sqr, pre.heads_q = a->heads_q;
     pre.bm = BM, pre.m_blocks = w->m_blocks;
-    pre.dq_left = dq_left, pre.dq = a->dq;
-    pre.dq_sb = a->dq_sb, pre.dq_ss = a->dq_ss, pre.dq_sh = a->dq_sh;
-    pre.k_blocks = k_blocks, pre.causal = a->causal != 0, pre.causal_offset = causal_offset;
+    /* varlen: the CTA batch is the sequence, max_seqlen_q rows (and keys) each */
+    const int varlen = FEAT >= 2;
+    const int seqs = varlen ? a->num_seqs : a->batch;
+    const int q_rows = varlen ? (a->max_seqlen_q + BM - 1) / BM * BM : w->sqr;
+    const int k_rows = varlen ? a->max_seqlen_k : a->seqlen_k;
     pre.top_left = a->causal == 2, pre.max_q = a->max_seqlen_q;
     pre.cu_q = a->cu_seqlens_q, pre.cu_k = a->cu_seqlens_k;
     /* the pre- and post-passes only tell fixed lengths (0) from varlen (2) */
@@ -1517,9 +1353,7 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     p.seqlen_q = a->seqlen_q, p.seqlen_k = a->seqlen_k, p.sqr = w->sqr, p.heads_q = a->heads_q;
     p.group = a->heads_q / a->heads_kv, p.m_blocks = w->m_blocks;
     p.causal = a->causal != 0;
-    p.causal_offset = causal_offset;
-    p.dq_left = dq_left, p.dq = a->dq;
-    p.dq_sb = a->dq_sb, p.dq_ss = a->dq_ss, p.dq_sh = a->dq_sh;
+    p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.deterministic = a->deterministic != 0;
     p.scale = a->scale;
     p.scale_log2 = a->scale * 1.4426950408889634f;
@@ -1555,6 +1389,7 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     const uint32_t smem = sm90_bwd_layout<D, BM>::TOTAL;
     err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, FEAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
+    const int k_blocks = (k_rows + SM90B_BN - 1) / SM90B_BN;
     p.heads_kv = a->heads_kv;
     p.hsplit = sm90b_group_split(a);
     if (p.hsplit > 1) {
@@ -1583,7 +1418,6 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
         if (err != cudaSuccess) return err;
     }
 
-    if (dq_left) return cudaSuccess; /* the main kernel converted dQ */
     sm90_bwd_post_params post;
     memset(&post, 0, sizeof post);
     post.dq_acc = acc, post.dq = a->dq;

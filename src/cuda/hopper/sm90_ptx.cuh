@@ -361,22 +361,6 @@ SM90_DEVICE void sm90_fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/* threadIdx.x, read where it stands (the compiler may not hoist it, or what derives from
- * it, out of a loop and keep it in a register across the loop). */
-SM90_DEVICE uint32_t sm90_tid_volatile(void)
-{
-    uint32_t t;
-    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-    return t;
-}
-
-/* Orders global-memory writes of the async proxy that this thread waited for (bulk
- * reductions) before its later generic accesses, such as the release that publishes them. */
-SM90_DEVICE void sm90_fence_proxy_async_global(void)
-{
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-
 /* Named barrier id (1..15; 0 is __syncthreads) over nthreads (a multiple of 32). sync waits
  * for nthreads arrivals including its own; arrive counts one and does not wait. */
 SM90_DEVICE void sm90_bar_sync(int id, int nthreads)
