@@ -1163,7 +1163,9 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     X(32, 128, 128, 2, 4, 4, 64, 4)         \
     X(64, 128, 128, 2, 4, 4, 64, 4)         \
     X(96, 64, 128, 2, 4, 4, 64, 4)          \
-    X(128, 64, 128, 2, 4, 2, 64, 4)
+    X(128, 64, 128, 2, 4, 2, 64, 4)         \
+    X(192, 64, 64, 4, 2, 2, 64, 4)          \
+    X(256, 64, 64, 4, 2, 2, 32, 4)
 
 static size_t tiled_smem(int D, int BM, int BN, int bulk)
 {
@@ -1229,7 +1231,6 @@ size_t fc_bwd_feat_smem_bytes(int kernel_head_dim, int deterministic)
 
 size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_optin, int sm_major)
 {
-    if (kernel_head_dim > 128) return fc_bwd_smem_bytes_first(kernel_head_dim, deterministic);
 #define X(D_, BM_, BN_, WMS_, WKV_, WMQ_, DQBN_, DQNW_)                                   \
     if (kernel_head_dim == D_) {                                                         \
         const int c = tiled_choice(D_, BM_, BN_, deterministic, smem_optin, sm_major);   \
@@ -1239,7 +1240,7 @@ size_t fc_bwd_smem_bytes(int kernel_head_dim, int deterministic, size_t smem_opt
     }
     FC_BWD_TILED_CONFIGS(X)
 #undef X
-    return 0;
+    return fc_bwd_smem_bytes_first(kernel_head_dim, deterministic);
 }
 
 template <typename K>
