@@ -5,11 +5,12 @@
  *
  *   fc_bwd_prep     one warp per query row: delta = rowsum(dO * O) in fp32, and the LSE moved
  *                   into the log2 domain (+inf for a row that saw no key, so its P is 0).
- *   fc_bwd_tiled    (head dims <= 128) dK, dV and dQ like fc_bwd_dkdv below, but with a warp
- *                   grid per product and P, dS staged in shared memory, so each warp reads
- *                   fewer operand bytes per mma (see the kernel's comment).
- *   fc_bwd_dkdv     (head dims 192, 256, and smaller ones on parts with too little shared
- *                   memory for the tiled kernel)
+ *   fc_bwd_tiled    dK, dV and dQ like fc_bwd_dkdv below, but with a warp grid per product
+ *                   and P, dS staged in shared memory, so each warp reads fewer operand
+ *                   bytes per mma, and dK, dV split over the warps along the head dim, so
+ *                   that one pass does all three at every head dim (see the kernel's comment).
+ *   fc_bwd_dkdv     (the feature backward, and parts with too little shared memory for the
+ *                   tiled kernel)
  *                   one CTA per block of BN keys of one (batch, kv head); it loops over the
  *                   query blocks that see those keys and over the query heads of the GQA
  *                   group, so dK and dV are summed in registers and written once. The
@@ -702,7 +703,7 @@ fc_bwd_dkdv_kernel(const fc_bwd_args a)
                               keys_valid, a.head_dim, tid);
 }
 
-/* ---- dK, dV, dQ with P and dS staged in shared memory (head dims <= 128) ------------------- */
+/* ---- dK, dV, dQ with P and dS staged in shared memory ------------------------------------ */
 
 /* One CTA of 8 warps per block of BN keys, looping over query blocks of BM, like the kernel
  * above, but each product gets its own warp grid, so that every warp owns a square-ish tile
@@ -1145,8 +1146,8 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
 
 /* ---- configurations and the launcher ------------------------------------------------------ */
 
-/* The first kernel (head dims 192 and 256, and the smaller ones on parts with too little
- * shared memory for the tiled kernel): D, BM (queries per step), warps (16 keys each),
+/* The first kernel (the feature backward, and parts with too little shared memory for the
+ * tiled kernel): D, BM (queries per step), warps (16 keys each),
  * whether it runs as two passes (dV, then dK and dQ), and BN, warps of the deterministic dQ
  * kernel. */
 #define FC_BWD_CONFIGS(X)          \
@@ -1157,8 +1158,10 @@ __global__ void __launch_bounds__(256) fc_bwd_dq_convert_kernel(const fc_bwd_arg
     X(192, 32, 8, 1, 64, 4)        \
     X(256, 32, 8, 1, 32, 4)
 
-/* Head dims up to 128 (the tiled kernel): D, BM, BN, WMS, WKV, WMQ (the warp grids, see the
- * kernel), and BN, warps of the deterministic dQ kernel. */
+/* The tiled kernel: D, BM, BN, WMS, WKV, WMQ (the warp grids, see the kernel), and BN, warps
+ * of the deterministic dQ kernel. Above 128, 64 x 64 blocks: 173 KB of shared memory at d192,
+ * 222 KB at d256, and with these grids (those that read the fewest operand bytes) 255
+ * registers without spills; docs/PERF.md has the grids measured. */
 #define FC_BWD_TILED_CONFIGS(X)             \
     X(32, 128, 128, 2, 4, 4, 64, 4)         \
     X(64, 128, 128, 2, 4, 4, 64, 4)         \
@@ -1173,10 +1176,10 @@ static size_t tiled_smem(int D, int BM, int BN, int bulk)
            4 * BM * sizeof(float) + (bulk ? (size_t)BM * (D + 4) * sizeof(float) : 0);
 }
 
-/* Which dK/dV kernel serves a head dim up to 128 on this device: 1 the tiled kernel (dQ by
- * vector atomics), 2 the same with dQ through bulk reductions (FC_DQ_BULK builds, sm_90), 0
- * the first kernel (16 keys per warp), which needs less shared memory: parts whose limit is
- * under the tiled kernel's 131-182 KB (A100 at d64 / d128, consumer parts) take it. */
+/* Which dK/dV kernel serves a head dim on this device: 1 the tiled kernel (dQ by vector
+ * atomics), 2 the same with dQ through bulk reductions (FC_DQ_BULK builds, sm_90), 0 the first
+ * kernel (16 keys per warp), which needs less shared memory: parts whose limit is under the
+ * tiled kernel's 131-222 KB (A100 at d64, d128, d192 and d256; consumer parts) take it. */
 static int tiled_choice(int D, int BM, int BN, int deterministic, size_t smem_optin, int sm_major)
 {
     static int variant = -1; /* FC_BWD_VARIANT (measurement builds): 2 = first kernel, 3 = no bulk dQ */
