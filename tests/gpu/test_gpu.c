@@ -565,7 +565,7 @@ static void build_grid(int small)
 {
     const flashc_dtype dts[2] = {FLASHC_F16, FLASHC_BF16};
     const int dims[6] = {32, 64, 96, 128, 192, 256};
-    if (small) { /* every kernel: forward, prep, dK/dV (one pass and two), dQ convert, dQ deterministic */
+    if (small) { /* every kernel: forward, prep, dK/dV (tiled; two passes in the feature cases), dQ convert, dQ deterministic */
         const int sd[2] = {64, 256};
         for (int i = 0; i < 2; i++)
             for (int causal = 0; causal <= 1; causal++)
