@@ -21,9 +21,10 @@
  *     also take turns issuing their GEMMs (a token passed round them on named barriers,
  *     "ping-pong" for two), so the others' softmax runs while one's GEMMs hold the tensor
  *     cores.
- *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of the Q tile (in
- *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; LSE is stored
- *     directly. A row that sees no key gets O = 0, LSE = -inf.
+ *   epilogue: O /= rowsum, written as 16-bit into the consumer's own rows of an O tile (in
+ *     the swizzled layout) and stored by TMA, which clips rows past seqlen_q; at head dim 256,
+ *     which has no room for one, the Q tile's rows stage it. LSE is stored directly. A row
+ *     that sees no key gets O = 0, LSE = -inf.
  *
  * Blocks are walked from the last key block down, so the blocks that need a mask (the partial
  * last one, the ones crossing the causal diagonal) come first; the rest run without one. TMA
