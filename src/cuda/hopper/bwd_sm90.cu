@@ -14,9 +14,9 @@
  *        block once, then for every query head of the kv head's group and every query block
  *        i that sees a key of the block, Q_i and dO_i (TMA, 128-byte swizzle) and lse2_i,
  *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers. At
- *        d128 outside deterministic mode a second elected thread (warp 1) adds the
- *        consumers' dQ units, handed over in shared memory, into the fp32 accumulator with
- *        one bulk reduction (cp.reduce.async.bulk .add.f32) each.
+ *        d128 a second elected thread (warp 1) adds the consumers' dQ units, handed over in
+ *        shared memory, into the fp32 accumulator with one bulk reduction
+ *        (cp.reduce.async.bulk .add.f32) each, in deterministic mode in the key block's turn.
  *      warpgroups 1 and 2, consumers (setmaxnreg.inc 240): consumer c owns keys
  *        [64c, 64c + 64) of the block and keeps their dK and dV in fp32 registers for the
  *        whole loop. Per query block (BM rows), with keys on the wgmma M side ("swapped"):
@@ -31,9 +31,9 @@
  *        and the dQ unit (64 x 64 fp32, see below) is added into the fp32 accumulator in the
  *        accumulator-fragment order (thread t's registers 4g..4g+3 at float 512 g + 4 t):
  *        with red.global.add.v4.f32 from the registers, a warp's reductions covering 512
- *        contiguous bytes, or (d128, not deterministic) through shared memory and the
- *        producer's bulk reduction. In deterministic mode a semaphore per (batch, query head,
- *        query block, unit) makes the key blocks add in ascending order.
+ *        contiguous bytes, or (d128) through shared memory and the producer's bulk reduction.
+ *        In deterministic mode a semaphore per (batch, query head, query block, unit) makes
+ *        the key blocks add in a fixed order (sm90b_det_rank).
  *      The S and dP accumulators of a row that sees no key, or of a key past seqlen_k (TMA
  *      zero-fills rows outside the tensor), give P = 0 and so contribute nothing. dK is
  *      scaled by the softmax scale in the epilogue; dK and dV are stored directly (rows past
@@ -108,9 +108,10 @@
 #define FC_SM90B_DS_STSM 1
 #endif
 
-/* d128, outside deterministic mode: each consumer stores its dQ unit in shared memory and a
- * second producer warp adds it into the accumulator with one bulk reduction (16 KB), instead
- * of the consumer's 32 reductions per thread, whose source registers held up the next block. */
+/* d128: each consumer stores its dQ unit in shared memory and a second producer warp adds it
+ * into the accumulator with one bulk reduction (16 KB), instead of the consumer's 32
+ * reductions per thread, whose source registers held up the next block (and, in
+ * deterministic mode, the wait for the turn and for the reductions to be performed). */
 #ifndef FC_SM90B_DQ_BULK
 #define FC_SM90B_DQ_BULK 1
 #endif
@@ -171,6 +172,8 @@ typedef struct sm90_bwd_params {
     int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
     int seqlen_q, seqlen_k, sqr, heads_q, group, m_blocks;
     int causal, causal_offset, deterministic;
+    int det_desc;   /* deterministic turns in descending key-block order (sm90b_det_rank) */
+    int det_stride; /* > 0: key block nb walks its units from nb x det_stride on (the same) */
     float scale_log2, scale; /* scale_log2 is 1 in a feature kernel whose scores are
                                 transformed into the log2 domain first */
     /* Read only by the feature kernels (FEAT = 1): query i sees key j when
@@ -433,6 +436,34 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t
     }
 }
 
+/* Deterministic mode: how many key blocks add into the dQ unit of query block row m0 before
+ * key block nb does. Key blocks take their turns ascending from nb0 (the first that reaches
+ * the query block), or with desc (causal fixed-length grids whose key blocks of one head are
+ * all resident at once) descending from the last one that sees it: each key block walks its
+ * query blocks from its first one that sees a key of it, so under a causal mask key block
+ * nb + 1 reaches a query block before nb does, and descending turns are taken in the order the
+ * blocks get there, where ascending ones make each block wait for the one before it to catch
+ * up (a delay that grows with the key block). With desc a block waits for one launched after
+ * it, which cannot hold up the grid only if every block of the head can be resident at once. */
+template <int BM>
+static __device__ __forceinline__ int sm90b_det_rank(const sm90_bwd_params &p, int nb, int m0, int nb0, int unit)
+{
+    if (p.det_stride > 0) {
+        /* Without a mask every key block walks the same units, so turns in any fixed order of
+         * key blocks would keep all but the first waiting at every unit. Instead key block nb
+         * starts its walk at unit nb x stride (wrapping around), and the turns on a unit go in
+         * the order the key blocks reach it: first the last block k0 whose start is at or
+         * before the unit, then k0 - 1, ..., 0, then the ones that reach it after wrapping,
+         * from the last key block down. */
+        const int nk = (p.seqlen_k + SM90B_BN - 1) / SM90B_BN;
+        const int k0 = min(nk - 1, unit / p.det_stride);
+        return nb <= k0 ? k0 - nb : k0 + nk - nb;
+    }
+    if (!p.det_desc) return nb - nb0;
+    const int last_row = min(m0 + BM - 1, p.seqlen_q - 1) + p.causal_offset;
+    return min(last_row / SM90B_BN, (p.seqlen_k - 1) / SM90B_BN) - nb;
+}
+
 /* Adds a dQ unit into the fp32 accumulator acc (this thread's floats, fragment order: its
  * registers 4g..4g+3 at acc + 512 g). In deterministic mode the adders of a unit take turns
  * through its semaphore: this one waits until rank adders have been. */
@@ -504,9 +535,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
-    /* d128: dQ units through shared memory and bulk reductions (not in deterministic mode,
-     * whose adders take turns on a semaphore) */
-    const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK && !p.deterministic;
+    /* d128: dQ units through shared memory and bulk reductions (in deterministic mode the
+     * reducing warp takes the semaphore turns, so that the consumers never wait on them) */
+    const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y / p.hsplit, b = blockIdx.z;
@@ -569,6 +600,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }
     }
     const int n_iter = nm * heads_cta;
+    /* The CTA's it-th (query head, query block): its walk starts at unit nb x det_stride
+     * (deterministic mode without a mask, sm90b_det_rank), else at unit 0. */
+#define SM90B_UNIT(it_) (p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
 
     if (tid == 0) {
         sm90_mbar_init(kv_full, 1);
@@ -608,7 +642,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             int s = 0;
             uint32_t ph = 0;
             for (int it = 0; it < n_iter; it++) {
-                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
+                const int v = SM90B_UNIT(it);
+                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
                 const int64_t row = SM90B_WS_ROW(qh, m0);
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
@@ -625,16 +660,39 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (++s == STAGES) s = 0, ph ^= 1;
             }
         } else if (dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
-            /* the dQ units of each (query head, query block), as the consumers hand them over */
+            /* the dQ units of each (query head, query block), as the consumers hand them over;
+             * in deterministic mode in this key block's turn on the units' semaphores, each
+             * turn handed on once the reductions are performed */
             for (int it = 0; it < n_iter; it++) {
-                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
-                float *acc = p.dq_acc + SM90B_WS_ROW(qh, m0) * D;
+                const int v = SM90B_UNIT(it);
+                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
+                const int64_t row = SM90B_WS_ROW(qh, m0);
+                float *acc = p.dq_acc + row * D;
+                int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
+                if (sem) {
+                    int nb0 = 0;
+                    if (FEATS && p.has_left) {
+                        const long long j0 = (long long)m0 + SM90B_OFF - p.left;
+                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)SM90B_LEN_K) / BN);
+                    }
+                    const int rank = sm90b_det_rank<BM>(p, nb, m0, nb0, v);
+                    while (sm90_ld_acquire_gpu(sem) < rank || sm90_ld_acquire_gpu(sem + 1) < rank) {
+                    }
+                    sm90_fence_proxy_async_global();
+                }
                 for (int u = 0; u < 2; u++) {
                     sm90_mbar_wait(&dq_full[u], it & 1);
                     sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
                 }
                 sm90_bulk_commit();
-                sm90_bulk_wait_read();
+                if (sem) {
+                    sm90_bulk_wait();
+                    sm90_fence_proxy_async_global();
+                    sm90_red_release_add_gpu(sem);
+                    sm90_red_release_add_gpu(sem + 1);
+                } else {
+                    sm90_bulk_wait_read();
+                }
                 for (int u = 0; u < 2; u++) sm90_mbar_arrive(&dq_empty[u]);
             }
             sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
@@ -654,11 +712,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const uint32_t sK = sbase + L::K_OFF, sV = sbase + L::V_OFF;
 
         /* Adds dQ unit u_ of (query head qh, block row m0), in deterministic mode in its turn:
-         * one adder per key block (d64: consumer 1, with the pair's sum; d128: consumer c for
-         * unit c), key blocks ascending. With a left window edge the key blocks that reach
-         * this query block start at the one holding its first row's first key, not at 0 (the
-         * visitors are a contiguous run of key blocks, both band edges growing). The addresses
-         * are computed here, after the products, so that they hold no registers across them. */
+         * one adder per key block (d64: consumer 1, with the pair's sum; d128 without the
+         * reducing warp: consumer c for unit c), in sm90b_det_rank's order. With a left window
+         * edge the key blocks that reach this query block start at the one holding its first
+         * row's first key, not at 0 (the visitors are a contiguous run of key blocks, both band
+         * edges growing). The addresses are computed here, after the products, so that they
+         * hold no registers across them. */
 #define SM90B_ADD_DQ(regs_, u_)                                                                    \
     do {                                                                                           \
         int nb0_ = 0;                                                                              \
@@ -668,7 +727,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }                                                                                          \
         const int64_t wrow_ = SM90B_WS_ROW(qh, m0);                                                \
         sm90b_add_dq(regs_, p.dq_acc + wrow_ * D + (u_) * (BM * 64) + t * 4, p.deterministic,      \
-                     p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr, nb - nb0_, c, t); \
+                     p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr,                  \
+                     p.deterministic ? sm90b_det_rank<BM>(p, nb, m0, nb0_, SM90B_UNIT(j)) : 0, c, t); \
     } while (0)
         float dv[D / 2], dk[D / 2];
 #pragma unroll
@@ -726,7 +786,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             for (int it = 0; it < n_iter; it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (uint32_t)((it / STAGES) & 1);
-                const int qh = qh0 + it / nm, m0 = (m_min + it % nm) * BM;
+                const int v = SM90B_UNIT(it);
+                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
                 const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                 const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
                 const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
@@ -982,7 +1043,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
                  * fragment order (LAG: not the first iterations' repeats) */
                 if (!LAG || dq_real)
-                    SM90B_ADD_DQ_UNIT(dq_blk, LAG ? qh0 + dq_blk / nm : qh, LAG ? (m_min + dq_blk % nm) * BM : m0);
+                    SM90B_ADD_DQ_UNIT(dq_blk, LAG ? qh0 + SM90B_UNIT(dq_blk) / nm : qh,
+                                      LAG ? (m_min + SM90B_UNIT(dq_blk) % nm) * BM : m0);
                 if constexpr (DQ_FIRST) {
                     sm90_wgmma_wait<0>();
                     sm90_fence_regs(dv);
@@ -1003,7 +1065,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_fence_regs(dqa);
                     sm90_wgmma_wait<0>();
                     sm90_fence_regs(dqa);
-                    if (blk >= 0) SM90B_ADD_DQ_UNIT(blk, qh0 + blk / nm, (m_min + blk % nm) * BM);
+                    if (blk >= 0)
+                        SM90B_ADD_DQ_UNIT(blk, qh0 + SM90B_UNIT(blk) / nm, (m_min + SM90B_UNIT(blk) % nm) * BM);
                 }
             }
         }
@@ -1032,6 +1095,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }
     }
 #undef SM90B_ADD_DQ
+#undef SM90B_UNIT
 #undef SM90B_ISSUE_DQ
 #undef SM90B_ADD_DQ_UNIT
 #undef SM90B_WS_ROW
@@ -1355,6 +1419,19 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     p.causal = a->causal != 0;
     p.causal_offset = a->causal == 1 ? a->seqlen_k - a->seqlen_q : 0; /* as flashc_key_end */
     p.deterministic = a->deterministic != 0;
+    /* The deterministic turns (sm90b_det_rank) of the fixed-length plain kernel, where a
+     * head's key blocks fit on the device at once (one CTA per SM): descending under a causal
+     * mask, in walks that start apart without one at d128 (at d64, whose consumers add the
+     * units themselves and wait for each addition, the walks apart measured level: +7% at 2k,
+     * -3% at 16k). FLASHC_SM90B_DET_ORDER=ascending keeps the ascending turns everywhere,
+     * for comparisons. */
+    {
+        const int nk = (a->seqlen_k + SM90B_BN - 1) / SM90B_BN, units = w->m_blocks * p.group;
+        const char *order = getenv("FLASHC_SM90B_DET_ORDER");
+        const int spread = p.deterministic && FEAT == 0 && nk <= a->num_sms && !(order && strcmp(order, "ascending") == 0);
+        p.det_desc = spread && p.causal;
+        p.det_stride = spread && !p.causal && D == 128 ? units / nk : 0;
+    }
     p.scale = a->scale;
     p.scale_log2 = a->scale * 1.4426950408889634f;
     if (FEAT) {

@@ -361,6 +361,13 @@ SM90_DEVICE void sm90_fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* Orders this thread's global-memory accesses through the generic proxy (a semaphore's
+ * acquire or release) against its bulk copies and reductions through the async proxy. */
+SM90_DEVICE void sm90_fence_proxy_async_global(void)
+{
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 /* Named barrier id (1..15; 0 is __syncthreads) over nthreads (a multiple of 32). sync waits
  * for nthreads arrivals including its own; arrive counts one and does not wait. */
 SM90_DEVICE void sm90_bar_sync(int id, int nthreads)
@@ -499,6 +506,13 @@ SM90_DEVICE int sm90_ld_acquire_gpu(const int *p)
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+/* Adds 1 with release semantics at GPU scope: hands a semaphore on once this thread's earlier
+ * writes are visible to the CTA that acquires it. */
+SM90_DEVICE void sm90_red_release_add_gpu(int *p)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
 }
 
 /* Four floats to and from shared memory (16-byte aligned): a thread's part of a partial

@@ -263,6 +263,7 @@ static int run_case(const bcase *c, const cudaDeviceProp *prop)
     a->lse_sb = (int64_t)HQ * SQ, a->lse_sh = SQ, a->lse_ss = 1;
     a->batch = B, a->seqlen_q = SQ, a->seqlen_k = SK, a->heads_q = HQ, a->heads_kv = HK, a->head_dim = D;
     a->bf16 = bf, a->scale = (float)scale, a->causal = c->causal, a->deterministic = c->det;
+    a->num_sms = prop->multiProcessorCount;
     a->window = c->window, a->window_left = c->wl, a->window_right = c->wr;
     a->softcap = c->softcap;
     float *dslopes = slopes_on_device(c->alibi, hs, n_slopes);
@@ -411,6 +412,7 @@ static void bench(const cudaDeviceProp *prop)
                         fc_sm90_bwd_args a;
                         bench_bwd_args(&a, buf, lse, B, S, H, D, bf16, causal);
                         a.deterministic = det;
+                        a.num_sms = prop->multiProcessorCount;
                         bench_workspace(&a, &ws, &ws_bytes);
                         if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
                             printf("%-6s %-4d %-7d %-6d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, det, S);
@@ -448,6 +450,7 @@ static void bench(const cudaDeviceProp *prop)
         a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
         a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
         a.deterministic = fb[f].det;
+        a.num_sms = prop->multiProcessorCount;
         bench_workspace(&a, &ws, &ws_bytes);
         if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
             printf("  %-40s not supported\n", fb[f].name);
