@@ -483,6 +483,8 @@ static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
         {2, 1000, 1000, 2, 2, 128, 0, 0, 1, 0}, {2, 300, 1000, 4, 2, 64, 1, 1, 1, 0},
         {1, 1000, 700, 4, 1, 128, 1, 1, 0, 1},  {1, 700, 1000, 2, 2, 64, 0, 0, 0, 1},
         {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
+        /* deterministic without a mask, walks started apart (sm90b_det_rank) */
+        {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1}, {2, 1000, 600, 4, 1, 128, 0, 0, 0, 1},
         /* features: ..., deterministic, window, wl, wr, softcap, alibi */
         {1, 130, 150, 2, 1, 64, 0, 0, 0, 0, 1, 20, 10, 0.f, 0},     /* window; blocks skipped */
         {1, 130, 150, 2, 2, 128, 1, 1, 0, 1, 1, 5, -1, 0.f, 0},     /* window + causal */
