@@ -445,6 +445,13 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t
  * blocks get there, where ascending ones make each block wait for the one before it to catch
  * up (a delay that grows with the key block). With desc a block waits for one launched after
  * it, which cannot hold up the grid only if every block of the head can be resident at once. */
+/* The key block holding key j0 of a sequence of len_k keys (0 for j0 <= 0): the first key block
+ * that reaches a query block under a left window edge. */
+static __device__ __forceinline__ int sm90b_first_key_block(long long j0, int len_k, int bn)
+{
+    return j0 <= 0 ? 0 : (int)(min(j0, (long long)len_k) / bn);
+}
+
 template <int BM>
 static __device__ __forceinline__ int sm90b_det_rank(const sm90_bwd_params &p, int nb, int m0, int nb0, int unit)
 {
@@ -603,6 +610,16 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     /* The CTA's it-th (query head, query block): its walk starts at unit nb x det_stride
      * (deterministic mode without a mask, sm90b_det_rank), else at unit 0. */
 #define SM90B_UNIT(it_) (p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
+    /* Deterministic mode: this key block's turn (sm90b_det_rank) on the dQ unit of block row
+     * m0_, the CTA's it_-th. With a left window edge the key blocks that reach this query block
+     * start at the one holding its first row's first key, not at 0 (the visitors are a
+     * contiguous run of key blocks, both band edges growing). */
+#define SM90B_DET_RANK(m0_, it_)                                                                       \
+    sm90b_det_rank<BM>(p, nb, (m0_),                                                                 \
+                       FEATS && p.has_left ? sm90b_first_key_block((long long)(m0_) + SM90B_OFF - p.left, \
+                                                                   SM90B_LEN_K, BN)                    \
+                                           : 0,                                                        \
+                       SM90B_UNIT(it_))
 
     if (tid == 0) {
         sm90_mbar_init(kv_full, 1);
@@ -670,12 +687,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 float *acc = p.dq_acc + row * D;
                 int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
                 if (sem) {
-                    int nb0 = 0;
-                    if (FEATS && p.has_left) {
-                        const long long j0 = (long long)m0 + SM90B_OFF - p.left;
-                        nb0 = j0 <= 0 ? 0 : (int)(min(j0, (long long)SM90B_LEN_K) / BN);
-                    }
-                    const int rank = sm90b_det_rank<BM>(p, nb, m0, nb0, v);
+                    const int rank = SM90B_DET_RANK(m0, it);
                     while (sm90_ld_acquire_gpu(sem) < rank || sm90_ld_acquire_gpu(sem + 1) < rank) {
                     }
                     sm90_fence_proxy_async_global();
@@ -713,22 +725,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
         /* Adds dQ unit u_ of (query head qh, block row m0), in deterministic mode in its turn:
          * one adder per key block (d64: consumer 1, with the pair's sum; d128 without the
-         * reducing warp: consumer c for unit c), in sm90b_det_rank's order. With a left window
-         * edge the key blocks that reach this query block start at the one holding its first
-         * row's first key, not at 0 (the visitors are a contiguous run of key blocks, both band
-         * edges growing). The addresses are computed here, after the products, so that they
-         * hold no registers across them. */
+         * reducing warp: consumer c for unit c), in sm90b_det_rank's order. The addresses are
+         * computed here, after the products, so that they hold no registers across them. */
 #define SM90B_ADD_DQ(regs_, u_)                                                                    \
     do {                                                                                           \
-        int nb0_ = 0;                                                                              \
-        if (FEATS && p.has_left) {                                                                 \
-            const long long j0_ = (long long)m0 + SM90B_OFF - p.left;                              \
-            nb0_ = j0_ <= 0 ? 0 : (int)(min(j0_, (long long)SM90B_LEN_K) / BN);                    \
-        }                                                                                          \
         const int64_t wrow_ = SM90B_WS_ROW(qh, m0);                                                \
         sm90b_add_dq(regs_, p.dq_acc + wrow_ * D + (u_) * (BM * 64) + t * 4, p.deterministic,      \
                      p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr,                  \
-                     p.deterministic ? sm90b_det_rank<BM>(p, nb, m0, nb0_, SM90B_UNIT(j)) : 0, c, t); \
+                     p.deterministic ? SM90B_DET_RANK(m0, j) : 0, c, t);                            \
     } while (0)
         float dv[D / 2], dk[D / 2];
 #pragma unroll
@@ -1096,6 +1100,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     }
 #undef SM90B_ADD_DQ
 #undef SM90B_UNIT
+#undef SM90B_DET_RANK
 #undef SM90B_ISSUE_DQ
 #undef SM90B_ADD_DQ_UNIT
 #undef SM90B_WS_ROW
