@@ -116,6 +116,14 @@
 #define FC_SM90B_DQ_BULK 1
 #endif
 
+/* d64: the consumers' summed dQ unit (the pair sum below) goes to the reducing warp the same
+ * way: consumer 1 writes the sum back into the pair's buffer and the warp adds it with one
+ * bulk reduction (in deterministic mode in the key block's turn), which hands the buffer back
+ * to consumer 0. */
+#ifndef FC_SM90B_DQ_BULK64
+#define FC_SM90B_DQ_BULK64 1
+#endif
+
 /* d128: the consumers may run apart. Each block's dQ unit is computed LAG (1 or 2) blocks
  * later, once the other consumer's half of that block's dS is in (an mbarrier per consumer
  * and dS buffer, and one for "read", in place of the named barrier on which both consumers
@@ -436,6 +444,31 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t
     }
 }
 
+/* The same pair sum handed to the reducing warp (FC_SM90B_DQ_BULK64): consumer 1 writes the
+ * sum back into buffer b (each thread over its own floats) and arrives on full, the reducing
+ * warp adds it into global memory and arrives on empty once the buffer is read; consumer 0
+ * waits on empty (phase empty_phase) before it writes buffer b again, two blocks on. */
+template <int N>
+static __device__ __forceinline__ void sm90b_dq_pair_to_bulk(float (&d)[N], uint32_t buf, int c, int b, bool wait_empty,
+                                                             uint32_t empty_phase, uint64_t *full, uint64_t *empty)
+{
+    if (c == 0) {
+        if (wait_empty) sm90_mbar_wait(empty, empty_phase);
+        sm90b_store_dq(d, buf);
+        sm90_bar_arrive(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
+    } else {
+        sm90_bar_sync(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
+#pragma unroll
+        for (int g = 0; g < N / 4; g++) {
+            const float4 v = sm90_ld_shared_v4(buf + g * 2048);
+            sm90_st_shared_v4(buf + g * 2048, d[4 * g] + v.x, d[4 * g + 1] + v.y, d[4 * g + 2] + v.z,
+                              d[4 * g + 3] + v.w);
+        }
+        sm90_fence_proxy_async();
+        sm90_mbar_arrive(full);
+    }
+}
+
 /* Deterministic mode: how many key blocks add into the dQ unit of query block row m0 before
  * key block nb does. Key blocks take their turns ascending from nb0 (the first that reaches
  * the query block), or with desc (causal fixed-length grids whose key blocks of one head are
@@ -544,7 +577,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     /* d128: dQ units through shared memory and bulk reductions (in deterministic mode the
      * reducing warp takes the semaphore turns, so that the consumers never wait on them) */
-    const bool dq_bulk = D == 128 && FC_SM90B_DQ_BULK;
+    const bool dq_bulk = D == 128 ? FC_SM90B_DQ_BULK : FC_SM90B_DQ_BULK64;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const int nb = blockIdx.x, hk = blockIdx.y / p.hsplit, b = blockIdx.z;
@@ -630,7 +663,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&q_empty[s], 256);
         }
         for (int u = 0; u < 2; u++) {
-            sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u, after its stores */
+            sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u (d64: of consumer 1, buffer u), after its stores */
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
         if constexpr (LAG > 0)
@@ -688,24 +721,27 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
                 if (sem) {
                     const int rank = SM90B_DET_RANK(m0, it);
-                    while (sm90_ld_acquire_gpu(sem) < rank || sm90_ld_acquire_gpu(sem + 1) < rank) {
+                    while (sm90_ld_acquire_gpu(sem) < rank || (D == 128 && sm90_ld_acquire_gpu(sem + 1) < rank)) {
                     }
                     sm90_fence_proxy_async_global();
                 }
-                for (int u = 0; u < 2; u++) {
-                    sm90_mbar_wait(&dq_full[u], it & 1);
-                    sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + u * L::DQ_BYTES, L::DQ_BYTES);
+                /* d128: the consumers' units 0 and 1, each in its consumer's buffer; d64: unit 0,
+                 * the pair's sum, in buffer it & 1 */
+                constexpr int UNITS = D == 128 ? 2 : 1;
+                for (int u = 0; u < UNITS; u++) {
+                    const int slot = D == 128 ? u : (it & 1);
+                    sm90_mbar_wait(&dq_full[slot], D == 128 ? (it & 1) : ((it >> 1) & 1));
+                    sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + slot * L::DQ_BYTES, L::DQ_BYTES);
                 }
                 sm90_bulk_commit();
                 if (sem) {
                     sm90_bulk_wait();
                     sm90_fence_proxy_async_global();
-                    sm90_red_release_add_gpu(sem);
-                    sm90_red_release_add_gpu(sem + 1);
+                    for (int u = 0; u < UNITS; u++) sm90_red_release_add_gpu(sem + u);
                 } else {
                     sm90_bulk_wait_read();
                 }
-                for (int u = 0; u < 2; u++) sm90_mbar_arrive(&dq_empty[u]);
+                for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (it & 1)]);
             }
             sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
         }
@@ -762,7 +798,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     do {                                                                                              \
         const int j = (j_), qh_n_ = (qh_), m0_n_ = (m0_);                                             \
         const int qh = qh_n_, m0 = m0_n_;                                                             \
-        if (dq_bulk) {                                                                                \
+        if (dq_bulk && D == 64) {                                                                     \
+            /* handed to the reducing warp by the pair sum */                                         \
+        } else if (dq_bulk) {                                                                         \
             const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;                        \
             if (j > 0) sm90_mbar_wait(&dq_empty[c], (j - 1) & 1);                                     \
             sm90b_store_dq(dqa, buf);                                                                 \
@@ -1041,9 +1079,14 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * adds into L2, and in deterministic mode half the adders that take turns.
                  * Consumer 0 stores its partial and goes on (it waits only for a buffer that
                  * consumer 1 has not yet read, two blocks back). */
-                if constexpr (D == 64)
-                    sm90b_dq_pair_sum(dqa, sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16, c, it & 1, it >= 2,
-                                      it + 2 < n_iter);
+                if constexpr (D == 64) {
+                    const uint32_t pbuf = sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16;
+                    if (dq_bulk)
+                        sm90b_dq_pair_to_bulk(dqa, pbuf, c, it & 1, it >= 2, (uint32_t)(((it >> 1) + 1) & 1),
+                                              &dq_full[it & 1], &dq_empty[it & 1]);
+                    else
+                        sm90b_dq_pair_sum(dqa, pbuf, c, it & 1, it >= 2, it + 2 < n_iter);
+                }
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
                  * fragment order (LAG: not the first iterations' repeats) */
                 if (!LAG || dq_real)
