@@ -485,6 +485,9 @@ static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
         {1, 1000, 1000, 8, 1, 128, 2, 0, 0, 1}, {1, 4097, 4097, 1, 1, 128, 1, 1, 0, 0},
         /* deterministic without a mask, walks started apart (sm90b_det_rank) */
         {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1}, {2, 1000, 600, 4, 1, 128, 0, 0, 0, 1},
+        /* d64 deterministic: the pair's dQ sum added in turn by the reducing warp */
+        {1, 1000, 1000, 8, 1, 64, 1, 1, 0, 1},  {2, 1000, 600, 4, 1, 64, 0, 0, 1, 1},
+        {1, 17, 1000, 2, 2, 64, 2, 1, 0, 1},
         /* features: ..., deterministic, window, wl, wr, softcap, alibi */
         {1, 130, 150, 2, 1, 64, 0, 0, 0, 0, 1, 20, 10, 0.f, 0},     /* window; blocks skipped */
         {1, 130, 150, 2, 2, 128, 1, 1, 0, 1, 1, 5, -1, 0.f, 0},     /* window + causal */
@@ -494,6 +497,7 @@ static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
         {1, 100, 150, 2, 2, 128, 0, 1, 0, 1, 1, 0, 0, 0.f, 0},      /* keys no row sees */
         {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 0, 1, 37, 20, 0.f, 0},  /* window inside a block */
         {1, 1000, 1000, 2, 2, 64, 1, 0, 0, 0, 1, 100, -1, 0.f, 0},  /* window + causal */
+        {2, 700, 1000, 4, 1, 64, 0, 1, 0, 1, 1, 200, 30, 10.f, 1},  /* d64 deterministic, all three */
         {2, 1000, 700, 4, 2, 128, 2, 1, 0, 1, 1, 300, -1, 0.f, 0},  /* top-left + window, GQA */
         {1, 1000, 1000, 2, 2, 128, 0, 0, 0, 0, 1, -1, 0, 0.f, 0},   /* (-1, 0) is causal */
         {1, 1000, 1000, 2, 2, 64, 0, 0, 0, 0, 1, 0, -1, 0.f, 0},    /* left edge only */
