@@ -13,10 +13,10 @@
  *      warpgroup 0, producer (setmaxnreg.dec 24): one elected thread loads K and V of the
  *        block once, then for every query head of the kv head's group and every query block
  *        i that sees a key of the block, Q_i and dO_i (TMA, 128-byte swizzle) and lse2_i,
- *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers. At
- *        d128 a second elected thread (warp 1) adds the consumers' dQ units, handed over in
- *        shared memory, into the fp32 accumulator with one bulk reduction
- *        (cp.reduce.async.bulk .add.f32) each, in deterministic mode in the key block's turn.
+ *        delta_i (1-D bulk copies) into a STAGES-deep ring with full/empty mbarriers. A
+ *        second elected thread (warp 1) adds the consumers' dQ units, handed over in shared
+ *        memory, into the fp32 accumulator with one bulk reduction (cp.reduce.async.bulk
+ *        .add.f32) each, in deterministic mode in the key block's turn.
  *      warpgroups 1 and 2, consumers (setmaxnreg.inc 240): consumer c owns keys
  *        [64c, 64c + 64) of the block and keeps their dK and dV in fp32 registers for the
  *        whole loop. Per query block (BM rows), with keys on the wgmma M side ("swapped"):
@@ -30,8 +30,9 @@
  *            dQ_unit = dS K                     wgmma SS, dS K-major, K MN-major
  *        and the dQ unit (64 x 64 fp32, see below) is added into the fp32 accumulator in the
  *        accumulator-fragment order (thread t's registers 4g..4g+3 at float 512 g + 4 t):
- *        with red.global.add.v4.f32 from the registers, a warp's reductions covering 512
- *        contiguous bytes, or (d128) through shared memory and the producer's bulk reduction.
+ *        through shared memory and the producer's bulk reduction (or, with FC_SM90B_DQ_BULK
+ *        or FC_SM90B_DQ_BULK64 off, with red.global.add.v4.f32 from the registers, a warp's
+ *        reductions covering 512 contiguous bytes).
  *        In deterministic mode a semaphore per (batch, query head, query block, unit) makes
  *        the key blocks add in a fixed order (sm90b_det_rank).
  *      The S and dP accumulators of a row that sees no key, or of a key past seqlen_k (TMA
@@ -54,8 +55,9 @@
  * of dS and the two consumers do not wait for each other's dS (one's exponentials run beside
  * the other's products); it issues the dQ product first so that the reduction runs beside
  * dK and dV. The two partials are summed in shared memory (consumer 0 stores, consumer 1
- * adds and reduces into global memory): one adder per block, half the reduction traffic of
- * two and, in deterministic mode, half the turns. Every GEMM uses an operand form (K-major
+ * adds and stores the sum back for the reducing warp): one addition per block, half the
+ * reduction traffic of two and, in deterministic mode, half the turns, none of them waited
+ * for by a consumer. Every GEMM uses an operand form (K-major
  * SS, MN-major B in SS and RS) that the forward's layout probe checked, and the transposed
  * dQ an M-major A (SS), checked against the reference by the backward's tests.
  */
@@ -641,8 +643,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     }
     const int n_iter = nm * heads_cta;
     /* The CTA's it-th (query head, query block): its walk starts at unit nb x det_stride
-     * (deterministic mode without a mask, sm90b_det_rank), else at unit 0. */
-#define SM90B_UNIT(it_) (p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
+     * (d128 in deterministic mode without a mask, sm90b_det_rank), else at unit 0. */
+#define SM90B_UNIT(it_) (D == 128 && p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
     /* Deterministic mode: this key block's turn (sm90b_det_rank) on the dQ unit of block row
      * m0_, the CTA's it_-th. With a left window edge the key blocks that reach this query block
      * start at the one holding its first row's first key, not at 0 (the visitors are a
