@@ -423,16 +423,23 @@ static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[N], uint3
 
 /* d64: the partial dQ of two consumers that each ran over their own 64 keys, summed in shared
  * memory at buf (this thread's floats, 16 bytes apart per 4 registers; buffer b = it & 1 of
- * the caller): consumer 0 stores its registers, consumer 1 adds them into its own. Thread t of
- * one reads what thread t of the other wrote. Consumer 0 first waits (wait_empty) for consumer
- * 1 to have read the buffer two blocks back; consumer 1 hands it back when a block two on will
- * use it (give_back), so that no arrival is left pending at the end. */
-template <int N>
+ * the caller): consumer 0 stores its registers, consumer 1 adds them to its own. Thread t of
+ * one reads what thread t of the other wrote. TO_BULK (FC_SM90B_DQ_BULK64): consumer 1 writes
+ * the sum back into buffer b and arrives on full for the reducing warp, which adds it into
+ * global memory and arrives on empty once the buffer is read; consumer 0 first waits
+ * (wait_empty) on empty (phase empty_phase), two blocks on. Otherwise consumer 1 keeps the sum
+ * in its registers and hands the buffer back on a named barrier when a block two on will use
+ * it (give_back), so that no arrival is left pending at the end. */
+template <bool TO_BULK, int N>
 static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t buf, int c, int b, bool wait_empty,
-                                                         bool give_back)
+                                                         bool give_back, uint32_t empty_phase, uint64_t *full,
+                                                         uint64_t *empty)
 {
     if (c == 0) {
-        if (wait_empty) sm90_bar_sync(SM90B_BAR_DQ_EMPTY0 + b, 256);
+        if (wait_empty) {
+            if constexpr (TO_BULK) sm90_mbar_wait(empty, empty_phase);
+            else sm90_bar_sync(SM90B_BAR_DQ_EMPTY0 + b, 256);
+        }
         sm90b_store_dq(d, buf);
         sm90_bar_arrive(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
     } else {
@@ -441,33 +448,14 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t
         for (int g = 0; g < N / 4; g++) {
             const float4 v = sm90_ld_shared_v4(buf + g * 2048);
             d[4 * g] += v.x, d[4 * g + 1] += v.y, d[4 * g + 2] += v.z, d[4 * g + 3] += v.w;
+            if constexpr (TO_BULK) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
         }
-        if (give_back) sm90_bar_arrive(SM90B_BAR_DQ_EMPTY0 + b, 256);
-    }
-}
-
-/* The same pair sum handed to the reducing warp (FC_SM90B_DQ_BULK64): consumer 1 writes the
- * sum back into buffer b (each thread over its own floats) and arrives on full, the reducing
- * warp adds it into global memory and arrives on empty once the buffer is read; consumer 0
- * waits on empty (phase empty_phase) before it writes buffer b again, two blocks on. */
-template <int N>
-static __device__ __forceinline__ void sm90b_dq_pair_to_bulk(float (&d)[N], uint32_t buf, int c, int b, bool wait_empty,
-                                                             uint32_t empty_phase, uint64_t *full, uint64_t *empty)
-{
-    if (c == 0) {
-        if (wait_empty) sm90_mbar_wait(empty, empty_phase);
-        sm90b_store_dq(d, buf);
-        sm90_bar_arrive(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
-    } else {
-        sm90_bar_sync(SM90B_BAR_DQ_FULL0 + 2 * b, 256);
-#pragma unroll
-        for (int g = 0; g < N / 4; g++) {
-            const float4 v = sm90_ld_shared_v4(buf + g * 2048);
-            sm90_st_shared_v4(buf + g * 2048, d[4 * g] + v.x, d[4 * g + 1] + v.y, d[4 * g + 2] + v.z,
-                              d[4 * g + 3] + v.w);
+        if constexpr (TO_BULK) {
+            sm90_fence_proxy_async();
+            sm90_mbar_arrive(full);
+        } else if (give_back) {
+            sm90_bar_arrive(SM90B_BAR_DQ_EMPTY0 + b, 256);
         }
-        sm90_fence_proxy_async();
-        sm90_mbar_arrive(full);
     }
 }
 
@@ -1083,11 +1071,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                  * consumer 1 has not yet read, two blocks back). */
                 if constexpr (D == 64) {
                     const uint32_t pbuf = sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16;
-                    if (dq_bulk)
-                        sm90b_dq_pair_to_bulk(dqa, pbuf, c, it & 1, it >= 2, (uint32_t)(((it >> 1) + 1) & 1),
-                                              &dq_full[it & 1], &dq_empty[it & 1]);
-                    else
-                        sm90b_dq_pair_sum(dqa, pbuf, c, it & 1, it >= 2, it + 2 < n_iter);
+                    sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64>(dqa, pbuf, c, it & 1, it >= 2, it + 2 < n_iter,
+                                                                 (uint32_t)(((it >> 1) + 1) & 1), &dq_full[it & 1],
+                                                                 &dq_empty[it & 1]);
                 }
                 /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
                  * fragment order (LAG: not the first iterations' repeats) */
