@@ -1457,10 +1457,9 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     p.deterministic = a->deterministic != 0;
     /* The deterministic turns (sm90b_det_rank) of the fixed-length plain kernel, where a
      * head's key blocks fit on the device at once (one CTA per SM): descending under a causal
-     * mask, in walks that start apart without one at d128 (at d64, whose consumers add the
-     * units themselves and wait for each addition, the walks apart measured level: +7% at 2k,
-     * -3% at 16k). FLASHC_SM90B_DET_ORDER=ascending keeps the ascending turns everywhere,
-     * for comparisons. */
+     * mask, in walks that start apart without one at d128 (at d64 the walks apart measured
+     * +4% at 2k and -11 to -14% at 8k-16k, so its walks stay ascending).
+     * FLASHC_SM90B_DET_ORDER=ascending keeps the ascending turns everywhere, for comparisons. */
     {
         const int nk = (a->seqlen_k + SM90B_BN - 1) / SM90B_BN, units = w->m_blocks * p.group;
         const char *order = getenv("FLASHC_SM90B_DET_ORDER");
