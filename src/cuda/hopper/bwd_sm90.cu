@@ -565,8 +565,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
-    /* d128: dQ units through shared memory and bulk reductions (in deterministic mode the
-     * reducing warp takes the semaphore turns, so that the consumers never wait on them) */
+    /* dQ units through shared memory and bulk reductions (d64: the pair's sum; in
+     * deterministic mode the reducing warp takes the semaphore turns, so that the consumers
+     * never wait on them) */
     const bool dq_bulk = D == 128 ? FC_SM90B_DQ_BULK : FC_SM90B_DQ_BULK64;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -653,7 +654,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&q_empty[s], 256);
         }
         for (int u = 0; u < 2; u++) {
-            sm90_mbar_init(&dq_full[u], 128); /* every thread of consumer u (d64: of consumer 1, buffer u), after its stores */
+            /* every thread of consumer u (d64: of consumer 1, for buffer u), after its stores */
+            sm90_mbar_init(&dq_full[u], 128);
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
         if constexpr (LAG > 0)
@@ -781,9 +783,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         sm90_wgmma_commit();                                                                          \
     } while (0)
         /* dqa, the dQ unit of the CTA's j_-th (query head qh_, query block row m0_), into the
-         * accumulator: through shared memory and the reducing warp (dq_bulk: unit c into its
-         * buffer once the reduction of the one before has read it), or by reductions from the
-         * registers. */
+         * accumulator: through shared memory and the reducing warp (dq_bulk: d128 unit c into
+         * its buffer once the reduction of the one before has read it; d64 already handed over
+         * by the pair sum), or by reductions from the registers. */
 #define SM90B_ADD_DQ_UNIT(j_, qh_, m0_)                                                               \
     do {                                                                                              \
         const int j = (j_), qh_n_ = (qh_), m0_n_ = (m0_);                                             \
@@ -1065,10 +1067,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_fence_regs(dqa);
 
                 /* d64: the two consumers' partial dQ (each over its own 64 keys) are summed
-                 * in shared memory and added to global memory once, by consumer 1: half the
-                 * adds into L2, and in deterministic mode half the adders that take turns.
-                 * Consumer 0 stores its partial and goes on (it waits only for a buffer that
-                 * consumer 1 has not yet read, two blocks back). */
+                 * in shared memory and added to global memory once (by the reducing warp, or
+                 * by consumer 1): half the adds into L2, and in deterministic mode half the
+                 * turns. Consumer 0 stores its partial and goes on (it waits only for a buffer
+                 * not yet read, two blocks back). */
                 if constexpr (D == 64) {
                     const uint32_t pbuf = sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16;
                     sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64>(dqa, pbuf, c, it & 1, it >= 2, it + 2 < n_iter,
