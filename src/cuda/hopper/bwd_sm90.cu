@@ -71,6 +71,7 @@
 #include <string.h>
 
 #include "bwd_sm90.h"
+#include "sm90_env.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
 #include "../dropout.cuh"
@@ -1300,11 +1301,8 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
 {
     const int group = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
     if (group <= 1 || a->deterministic || a->num_sms <= 0) return 1;
-    const char *forced = getenv("FLASHC_SM90B_HSPLIT");
-    if (forced && *forced) {
-        const long n = strtol(forced, NULL, 10);
-        if (n >= 1 && n <= group && group % n == 0) return (int)n;
-    }
+    static const long forced = sm90_env_long("FLASHC_SM90B_HSPLIT", 0);
+    if (forced >= 1 && forced <= group && group % forced == 0) return (int)forced;
     const double bm = sm90b_bm(a), bn = SM90B_BN;
     /* a causal mask leaves at least about half of the blocks (a window: counted as none) */
     const double live = a->causal && !a->window ? 0.5 : 1.0;
@@ -1464,8 +1462,8 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
      * FLASHC_SM90B_DET_ORDER=ascending keeps the ascending turns everywhere, for comparisons. */
     {
         const int nk = (a->seqlen_k + SM90B_BN - 1) / SM90B_BN, units = w->m_blocks * p.group;
-        const char *order = getenv("FLASHC_SM90B_DET_ORDER");
-        const int spread = p.deterministic && FEAT == 0 && nk <= a->num_sms && !(order && strcmp(order, "ascending") == 0);
+        static const int ascending = sm90_env_is("FLASHC_SM90B_DET_ORDER", "ascending");
+        const int spread = p.deterministic && FEAT == 0 && nk <= a->num_sms && !ascending;
         p.det_desc = spread && p.causal;
         p.det_stride = spread && !p.causal && D == 128 ? units / nk : 0;
     }

@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "fwd_sm90.h"
+#include "sm90_env.h"
 #include "sm90_ptx.cuh"
 #include "sm90_tmap.h"
 #include "../dropout.cuh"
@@ -929,10 +930,9 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
      * FLASHC_SM90_CTAS overrides the count for tests and comparisons: 0 launches one CTA per
      * tile, n > 0 at most n CTAs (so that each walks many tiles). */
     int ctas = p->num_tiles;
-    const char *ctas_env = getenv("FLASHC_SM90_CTAS");
-    if (ctas_env && *ctas_env) {
-        const long n = strtol(ctas_env, NULL, 10);
-        if (n > 0 && n < ctas) ctas = (int)n;
+    static const long ctas_forced = sm90_env_long("FLASHC_SM90_CTAS", -1);
+    if (ctas_forced >= 0) {
+        if (ctas_forced > 0 && ctas_forced < ctas) ctas = (int)ctas_forced;
     } else {
         int dev = 0, sms = 0;
         err = cudaGetDevice(&dev);
@@ -943,10 +943,10 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
     /* Causal tiles differ in length: they are taken from a counter as CTAs free up (a
      * stream-ordered int, zeroed before the kernel and freed behind it). Equal non-causal
      * tiles are walked in fixed strides. FLASHC_SM90_SCHED=static forces strides. */
-    const char *sched_env = getenv("FLASHC_SM90_SCHED");
+    static const int sched_static = sm90_env_is("FLASHC_SM90_SCHED", "static");
     /* A band (causal or a window) makes tiles unequal too, and so do varlen sequences. */
-    const int dynamic = (p->causal || f->has_left || f->has_right || f->varlen) && ctas < p->num_tiles &&
-                        !(sched_env && strcmp(sched_env, "static") == 0);
+    const int dynamic =
+        (p->causal || f->has_left || f->has_right || f->varlen) && ctas < p->num_tiles && !sched_static;
     if (dynamic) {
         err = cudaMallocAsync((void **)&kp.tile_counter, sizeof(int), stream);
         if (err != cudaSuccess) return err;
