@@ -143,6 +143,15 @@ template <int NC> struct sm90_cta {
 #define FC_SM90_FWD_EARLY_TOKEN 0
 #endif
 
+/* A consumer skips the key blocks at the top of its tile's walk that lie wholly past the causal
+ * diagonal of its own 64 rows (all masked for it, though not for the tile's later rows): it
+ * only takes its turn and releases their K and V stages, so that the tensor cores and
+ * exponentials go to the blocks its rows see. Plain kernels (fixed-length and varlen) only;
+ * 0 walks every block of the tile, for comparisons. */
+#ifndef FC_SM90_FWD_DIAG_SKIP
+#define FC_SM90_FWD_DIAG_SKIP 1
+#endif
+
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
  * (a row block sees keys up to its diagonal), so they go longest first, in sections of
@@ -639,17 +648,44 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_bar_arrive(SM90_BAR_SCHED0, 256);
                 token_out = true;
 
-                /* Block i (i = 0 .. n_blocks-1) is key block n_blocks-1-i; K_i and V_i sit in
-                 * ring slot (blocks_done + i) % STAGES, filled for the ((blocks_done + i) /
-                 * STAGES)-th time (the parity). */
+                /* Block i (i = 0 .. nb-1) is key block nb-1-i; K_i and V_i sit in ring slot
+                 * (blocks_done + i) % STAGES, filled for the ((blocks_done + i) / STAGES)-th
+                 * time (the parity). */
 #define SM90_STAGE(i_) ((blocks_done + (i_)) % STAGES)
 #define SM90_PHASE(i_) ((uint32_t)(((blocks_done + (i_)) / STAGES) & 1))
 
-                /* Block 0: S only. */
                 int n0 = (first_block + n_blocks - 1) * BN;
+                /* The blocks at the top of the walk that none of this warpgroup's rows sees
+                 * (at least one block is kept: a warpgroup whose rows see no key at all runs
+                 * one masked block, as before). d128 tiles are as tall as their blocks; at
+                 * d256 the skip spills. */
+                int skip = 0;
+                if (FC_SM90_FWD_DIAG_SKIP && BM > BN && D <= 128 && FEAT == 0 && p.causal) {
+                    const int own_end = min(sq.nk, min(wrow0 + 64, sq.nq) + sq.off); /* keys it sees */
+                    const int own_blocks = own_end > 0 ? (own_end + BN - 1) / BN : 0;
+                    skip = max(0, min(n_blocks - own_blocks, n_blocks - 1));
+                }
+                for (int i = 0; i < skip; i++) {
+                    /* a stage is released only once it is filled: an arrival before the fill
+                     * would count towards the release of the fill before it */
+                    sm90_mbar_wait(&k_full[SM90_STAGE(i)], SM90_PHASE(i));
+                    if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
+                    sm90_bar_sync(my_bar, 256);
+                    sm90_bar_arrive(other_bar, 256);
+                    sm90_mbar_wait(&v_full[SM90_STAGE(i)], SM90_PHASE(i));
+                    /* this warpgroup's share of clearing the next sequence's rows (below) */
+                    if (VARLEN && i == 0 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k)
+                        sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, sq.nk - n0, cw, t);
+                    if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(i)]);
+                }
+                blocks_done += skip;
+                const int nb = n_blocks - skip; /* the blocks this warpgroup computes */
+                n0 -= skip * BN;
                 /* varlen: the rows of block 0's V tile from vtail on are the next sequence's */
-                const int vtail = VARLEN && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
+                const int vtail = VARLEN && skip == 0 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
                                       ? sq.nk - n0 : BN;
+
+                /* Block 0: S only. */
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
@@ -659,13 +695,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
-                if (L::SEP_O && n_blocks == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
+                if (L::SEP_O && nb == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                 if constexpr (FEATS)
                     if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
 
-                for (int i = 1; i < n_blocks; i++) {
+                for (int i = 1; i < nb; i++) {
                     /* Finish block i-1 first: wait for the P V product of block i-2 (issued in the
                      * previous iteration, overlapped with the softmax of block i-1), then rescale
                      * O and pack P_{i-1} over the A registers that product was reading. Doing this
@@ -698,37 +734,37 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
-                    if (L::SEP_O && i == n_blocks - 1) sm90_mbar_arrive(q_empty);
+                    if (L::SEP_O && i == nb - 1) sm90_mbar_arrive(q_empty);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                     if constexpr (FEATS)
                         if (f.drop_on) sm90_dropout<BN>(s, f, p, b, h, row0, n0, lane);
                 }
 
-                /* Last: finish block n_blocks-1 and issue its P V. Without the early token the
+                /* Last: finish block nb-1 and issue its P V. Without the early token the
                  * last consumer skips the hand-over (it hands consumer 0 the token at the next
                  * tile's start), so that every arrival on a scheduling barrier meets a sync
                  * within the tile. */
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
-                if (n_blocks >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 2)]);
+                if (nb >= 2 && t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(nb - 2)]);
 #pragma unroll
                 for (int j = 0; j < D / 2; j++) o[j] *= corr[(j >> 1) & 1];
                 sm90_pack_p<BN, BF16>(pf, s);
-                sm90_mbar_wait(&v_full[SM90_STAGE(n_blocks - 1)], SM90_PHASE(n_blocks - 1));
-                if (VARLEN && n_blocks == 1 && vtail < BN)
+                sm90_mbar_wait(&v_full[SM90_STAGE(nb - 1)], SM90_PHASE(nb - 1));
+                if (VARLEN && nb == 1 && vtail < BN)
                     sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, vtail, cw, t);
                 sm90_bar_sync(my_bar, 256);
                 sm90_wgmma_fence();
-                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(n_blocks - 1) * L::KV_BYTES);
+                sm90_issue_pv<D, BN, BF16>(o, pf, sbase + L::V_OFF + SM90_STAGE(nb - 1) * L::KV_BYTES);
                 if (cw != NC - 1 || FC_SM90_FWD_EARLY_TOKEN) sm90_bar_arrive(other_bar, 256);
                 sm90_fence_regs(o);
                 sm90_fence_regs(pf);
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(o);
-                if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(n_blocks - 1)]);
-                blocks_done += n_blocks;
+                if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(nb - 1)]);
+                blocks_done += nb;
 #undef SM90_STAGE
 #undef SM90_PHASE
 #undef SM90_NEED_MASK
