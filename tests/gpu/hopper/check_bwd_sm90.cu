@@ -372,6 +372,15 @@ static void bench_workspace(fc_sm90_bwd_args *a, void **ws, size_t *ws_bytes)
     a->workspace = *ws, a->workspace_bytes = *ws_bytes;
 }
 
+/* Completes a timed shape's arguments (the device's SM count, the timing's workspace) and says
+ * whether the Hopper backward serves the shape. */
+static int bench_ready(fc_sm90_bwd_args *a, const cudaDeviceProp *prop, void **ws, size_t *ws_bytes)
+{
+    a->num_sms = prop->multiProcessorCount;
+    bench_workspace(a, ws, ws_bytes);
+    return fc_sm90_backward_supported(a, prop->major, prop->minor, prop->sharedMemPerBlockOptin);
+}
+
 static void bench(const cudaDeviceProp *prop)
 {
     printf("\nbench: 16k tokens, hidden 2048 (TFLOP/s = 2.5 * 4 b h s^2 d / t, halved when causal)\n");
@@ -412,9 +421,7 @@ static void bench(const cudaDeviceProp *prop)
                         fc_sm90_bwd_args a;
                         bench_bwd_args(&a, buf, lse, B, S, H, D, bf16, causal);
                         a.deterministic = det;
-                        a.num_sms = prop->multiProcessorCount;
-                        bench_workspace(&a, &ws, &ws_bytes);
-                        if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+                        if (!bench_ready(&a, prop, &ws, &ws_bytes)) {
                             printf("%-6s %-4d %-7d %-6d %6d: not supported\n", bf16 ? "bf16" : "fp16", D, causal, det, S);
                             continue;
                         }
@@ -450,9 +457,7 @@ static void bench(const cudaDeviceProp *prop)
         a.window = fb[f].window, a.window_left = fb[f].wl, a.window_right = fb[f].wr;
         a.softcap = fb[f].cap, a.alibi_slopes = fb[f].alibi ? slopes : NULL;
         a.deterministic = fb[f].det;
-        a.num_sms = prop->multiProcessorCount;
-        bench_workspace(&a, &ws, &ws_bytes);
-        if (!fc_sm90_backward_supported(&a, prop->major, prop->minor, prop->sharedMemPerBlockOptin)) {
+        if (!bench_ready(&a, prop, &ws, &ws_bytes)) {
             printf("  %-40s not supported\n", fb[f].name);
             continue;
         }
