@@ -46,6 +46,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -143,13 +144,14 @@ template <int NC> struct sm90_cta {
 #define FC_SM90_FWD_EARLY_TOKEN 0
 #endif
 
-/* A consumer skips the key blocks at the top of its tile's walk that lie wholly past the causal
- * diagonal of its own 64 rows (all masked for it, though not for the tile's later rows): it
- * only takes its turn and releases their K and V stages, so that the tensor cores and
- * exponentials go to the blocks its rows see. Plain kernels (fixed-length and varlen) only;
- * 0 walks every block of the tile, for comparisons. */
+/* 1: a consumer skips the key blocks at the top of its tile's walk that lie wholly past the
+ * causal diagonal of its own 64 rows (all masked for it, though not for the tile's later rows):
+ * it only takes its turn and releases their K and V stages, so that the tensor cores and
+ * exponentials go to the blocks its rows see. Plain fixed-length kernels whose tiles are taller
+ * than their blocks (d64); the varlen form spills with it. Off until timed (docs/PERF.md, "The
+ * causal blocks past a consumer's own diagonal"); off, the kernels are those without it. */
 #ifndef FC_SM90_FWD_DIAG_SKIP
-#define FC_SM90_FWD_DIAG_SKIP 1
+#define FC_SM90_FWD_DIAG_SKIP 0
 #endif
 
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
@@ -658,7 +660,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 /* The blocks at the top of the walk that none of this warpgroup's rows sees
                  * (at least one block is kept: a warpgroup whose rows see no key at all runs
                  * one masked block, as before). d128 tiles are as tall as their blocks; at
-                 * d256 the skip spills. */
+                 * d256, and in the varlen kernel, the skip spills. */
                 int skip = 0;
                 if (FC_SM90_FWD_DIAG_SKIP && BM > BN && D <= 128 && FEAT == 0 && p.causal) {
                     const int own_end = min(sq.nk, min(wrow0 + 64, sq.nq) + sq.off); /* keys it sees */
@@ -966,8 +968,8 @@ static cudaError_t sm90_launch(const fc_sm90_fwd_args *a, const sm90_fwd_params 
      * FLASHC_SM90_CTAS overrides the count for tests and comparisons: 0 launches one CTA per
      * tile, n > 0 at most n CTAs (so that each walks many tiles). */
     int ctas = p->num_tiles;
-    static const long ctas_forced = sm90_env_long("FLASHC_SM90_CTAS", -1);
-    if (ctas_forced >= 0) {
+    static const long ctas_forced = sm90_env_long("FLASHC_SM90_CTAS", LONG_MIN); /* LONG_MIN: unset */
+    if (ctas_forced != LONG_MIN) {
         if (ctas_forced > 0 && ctas_forced < ctas) ctas = (int)ctas_forced;
     } else {
         int dev = 0, sms = 0;
