@@ -675,17 +675,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_bar_sync(my_bar, 256);
                     sm90_bar_arrive(other_bar, 256);
                     sm90_mbar_wait(&v_full[SM90_STAGE(i)], SM90_PHASE(i));
-                    /* this warpgroup's share of clearing the next sequence's rows (below) */
-                    if (VARLEN && i == 0 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k)
-                        sm90_zero_v_rows<D, BN, NC>(sbase + L::V_OFF + SM90_STAGE(0) * L::KV_BYTES, sq.nk - n0, cw, t);
                     if (t == 0) sm90_mbar_arrive(&v_empty[SM90_STAGE(i)]);
                 }
                 blocks_done += skip;
                 const int nb = n_blocks - skip; /* the blocks this warpgroup computes */
                 n0 -= skip * BN;
                 /* varlen: the rows of block 0's V tile from vtail on are the next sequence's */
-                const int vtail = VARLEN && skip == 0 && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k
-                                      ? sq.nk - n0 : BN;
+                const int vtail = VARLEN && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k ? sq.nk - n0 : BN;
 
                 /* Block 0: S only. */
                 sm90_mbar_wait(&k_full[SM90_STAGE(0)], SM90_PHASE(0));
