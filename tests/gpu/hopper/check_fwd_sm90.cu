@@ -438,6 +438,7 @@ static void checks(const cudaDeviceProp *prop, int small, int *pass, int *fail)
         {1, 4097, 4097, 1, 1, 64, 1, 0, 0},    {1, 4097, 4097, 1, 1, 128, 1, 0, 0},
         {1, 17, 17, 2, 2, 256, 0, 1, 0},       {1, 1000, 1000, 2, 1, 256, 1, 0, 0},
         {1, 1000, 300, 2, 2, 256, 1, 1, 1},
+        {1, 1000, 300, 2, 2, 64, 1, 1, 0},     /* d64 rows that see no key: whole tiles, and warpgroups of a tile */
         /* features: batch, sq, sk, hq, hkv, d, causal, bf16, bhsd, window, wl, wr, softcap, alibi */
         {1, 17, 17, 2, 2, 128, 0, 0, 0, 1, 2, 3, 10.f, 1},
         {1, 1000, 1000, 2, 2, 128, 0, 1, 0, 1, 37, 20, 0.f, 0},   /* window inside a block */
