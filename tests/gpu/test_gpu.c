@@ -611,6 +611,12 @@ static void build_grid(int small)
             c->max_given = i >> 1;
             name_case(c, "small hopper varlen plain");
         }
+        /* d64 causal on three consumers where a tile's first consumers see fewer key blocks
+         * than the tile walks, and the top block runs past its sequence (300 and 1000, each
+         * followed by another), so that its V rows must be cleared by every consumer */
+        const int32_t lskip[4] = {300, 1000, 129, 5};
+        c = add_varlen(FLASHC_BF16, 4, lskip, lskip, 2, 1, 64, 1, LAYOUT_BSHD);
+        name_case(c, "small hopper varlen plain");
         return;
     }
     /* odd sizes over every head dim, causal modes, both dtypes; GQA 2:1 */
