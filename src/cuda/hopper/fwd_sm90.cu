@@ -657,13 +657,13 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90_PHASE(i_) ((uint32_t)(((blocks_done + (i_)) / STAGES) & 1))
 
                 int n0 = (first_block + n_blocks - 1) * BN;
+                /* varlen: the rows of the top block's V tile from vtail on are the next
+                 * sequence's */
+                const int vtail = VARLEN && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k ? sq.nk - n0 : BN;
                 /* The blocks at the top of the walk that none of this warpgroup's rows sees
                  * (at least one block is kept: a warpgroup whose rows see no key at all runs
                  * one masked block, as before). d128 tiles are as tall as their blocks; at
                  * d256 the skip spills. */
-                /* varlen: the rows of the top block's V tile from vtail on are the next
-                 * sequence's */
-                const int vtail = VARLEN && n0 + BN > sq.nk && sq.k0 + sq.nk < p.seqlen_k ? sq.nk - n0 : BN;
                 int skip = 0;
                 if (FC_SM90_FWD_DIAG_SKIP && BM > BN && D <= 128 && (FEAT == 0 || FEAT == 3) && p.causal) {
                     const int own_end = min(sq.nk, min(wrow0 + 64, sq.nq) + sq.off); /* keys it sees */
