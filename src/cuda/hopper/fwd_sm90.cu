@@ -154,6 +154,17 @@ template <int NC> struct sm90_cta {
 #define FC_SM90_FWD_DIAG_SKIP 1
 #endif
 
+/* 1: the consumer index broadcast from lane 0, so that the compiler knows it is the same in
+ * every lane of a warp (derived from the thread index, it is taken as differing between lanes).
+ * The Q rows' wgmma descriptors built from it then live in uniform registers: at d128 the key
+ * loop loses the eight descriptors it keeps in per-thread registers (16 of them) and the two
+ * R2UR moves before each S = Q K^T product. Head dims up to 128 (at d256 the feature kernels
+ * spill with it). Off until timed (docs/PERF.md, "The consumer index made warp-uniform"); off,
+ * the kernels are those without it. */
+#ifndef FC_SM90_FWD_UNIFORM_CW
+#define FC_SM90_FWD_UNIFORM_CW 0
+#endif
+
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
  * so that the CTAs in flight share the K/V of a few heads in L2. Causal tiles differ in length
  * (a row block sees keys up to its diagonal), so they go longest first, in sections of
@@ -587,7 +598,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     } else {
         /* ---------------- consumers ---------------- */
         sm90_setmaxnreg_inc<sm90_cta<NC>::CONSUMER_REGS>();
-        const int cw = wg - 1;             /* consumer index 0 .. NC-1 */
+        /* consumer index 0 .. NC-1 */
+        const int cw = FC_SM90_FWD_UNIFORM_CW && D <= 128 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
         const uint32_t o_rows = (L::SEP_O ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
