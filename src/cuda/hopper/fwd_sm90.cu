@@ -158,8 +158,8 @@ template <int NC> struct sm90_cta {
  * every lane of a warp (derived from the thread index, it is taken as differing between lanes).
  * The Q rows' wgmma descriptors built from it then live in uniform registers: at d128 the key
  * loop loses the eight descriptors it keeps in per-thread registers (16 of them) and the two
- * R2UR moves before each S = Q K^T product. Head dims up to 128 (at d256 the feature kernels
- * spill with it). Off until timed (docs/PERF.md, "The consumer index made warp-uniform"); off,
+ * R2UR moves before each S = Q K^T product. All but the d256 feature kernels, which spill
+ * with it. Off until timed (docs/PERF.md, "The consumer index made warp-uniform"); off,
  * the kernels are those without it. */
 #ifndef FC_SM90_FWD_UNIFORM_CW
 #define FC_SM90_FWD_UNIFORM_CW 0
@@ -599,7 +599,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         /* ---------------- consumers ---------------- */
         sm90_setmaxnreg_inc<sm90_cta<NC>::CONSUMER_REGS>();
         /* consumer index 0 .. NC-1 */
-        const int cw = FC_SM90_FWD_UNIFORM_CW && D <= 128 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+        const int cw = FC_SM90_FWD_UNIFORM_CW && (D <= 128 || FEAT == 0) ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
         const uint32_t o_rows = (L::SEP_O ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
