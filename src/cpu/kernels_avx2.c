@@ -112,11 +112,13 @@ static inline __attribute__((always_inline)) __m256 avx2_row8(const void *row, i
     return _mm256_cvtph_ps(h);
 }
 
+/* The lines of row c of pf (if there is one) into L2 only, as the AVX-512 kernels ask for
+ * them (see avx512_prefetch_row). */
 static inline void avx2_prefetch_row(const void *const *pf, int npf, int c, int64_t bytes)
 {
     if (c < npf)
         for (int64_t at = 0; at < bytes; at += 64)
-            _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T0);
+            _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T1);
 }
 
 /* Lane i = the sum of v[i]'s lanes: the transposing add tree of 8 vectors. */
@@ -196,7 +198,7 @@ avx2_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const *
         for (int c = 0; c < n; c++) {
             const __m256 vv = avx2_row8(v[c], 8 * ch, dt, d - 8 * ch);
             if (c < pfn)
-                _mm_prefetch((const char *)pf[c] + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)pf[c] + line, _MM_HINT_T1);
 #pragma GCC unroll 8
             for (int r = 0; r < rm; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * FLASHC_CPU_BLOCK_N + c), vv,

@@ -690,18 +690,15 @@ static inline __mmask16 avx512_tail_mask(int64_t d)
     return (d & 15) ? (__mmask16)((1u << (d & 15)) - 1) : (__mmask16)0xffff;
 }
 
-/* The lines of row c of pf (if there is one), asked for while row c of the block is used:
- * into L1, or with to_l2 (a constant after inlining) into L2 only. */
-static inline __attribute__((always_inline)) void
-avx512_prefetch_row(const void *const *pf, int npf, int c, int64_t bytes, const int to_l2)
+/* The lines of row c of pf (if there is one), asked for while row c of the block is used,
+ * into L2 only: a block's K and V over the kv heads (128 KiB at d = 128, bf16) is more than L1
+ * holds, and brought into L1 ahead of use they pushed out the lines in use (docs/PERF.md,
+ * "CPU decode: the next block into L2"). */
+static inline void avx512_prefetch_row(const void *const *pf, int npf, int c, int64_t bytes)
 {
     if (c < npf)
-        for (int64_t at = 0; at < bytes; at += 64) {
-            if (to_l2)
-                _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T1);
-            else
-                _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T0);
-        }
+        for (int64_t at = 0; at < bytes; at += 64)
+            _mm_prefetch((const char *)pf[c] + at, _MM_HINT_T1);
 }
 
 /* 16 keys at a time: their rows are converted once into an L1 buffer, then each query row
@@ -718,7 +715,7 @@ static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
     for (int g0 = 0; g0 < n; g0 += 16) {
         const int gn = n - g0 < 16 ? n - g0 : 16;
         for (int c = 0; c < 16; c++) {
-            avx512_prefetch_row(pf, npf, g0 + c, bytes, 0);
+            avx512_prefetch_row(pf, npf, g0 + c, bytes);
             for (int ch = 0; ch < nch; ch++)
                 _mm512_store_ps(tmp + c * ld + 16 * ch,
                                 c < gn ? avx512_row16(k[g0 + c], 16 * ch, dtype,
@@ -747,10 +744,7 @@ static void avx512_decode_qk(int m, int n, int64_t d, const float *q, int dp,
  * each key chunk loaded serves both rows, so the loop loads 10 vectors per 16 products where
  * one row against 16 keys loaded 17, and the core's one vector load per cycle held it back.
  * The add tree folds the 16 accumulators into the two rows' 8 scores. The first pair of rows
- * brings the 16 key rows (8 KiB at most) into L1; the others read them there. The next
- * block's rows are asked for into L2 only, here and in avx512_pv16_rows: a block's K and V
- * over the kv heads (128 KiB at d = 128) is more than L1 holds, and brought into L1 ahead of
- * use they pushed out the rows in use (docs/PERF.md, "CPU decode: the next block into L2"). */
+ * brings the 16 key rows (8 KiB at most) into L1; the others read them there. */
 static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *q16, int dp,
                                        const void *const *k, float scale,
                                        const void *const *pf, int npf, float *s)
@@ -763,7 +757,7 @@ static BF16_FN void avx512_decode_qk16(int m, int n, int64_t d, const uint16_t *
         const int gn = n - g0 < 16 ? n - g0 : 16;
         for (int c = 0; c < 16; c++) { /* keys past n: the first again, scores unused */
             rows[c] = (const uint16_t *)k[g0 + (c < gn ? c : 0)];
-            avx512_prefetch_row(pf, npf, g0 + c, d * 2, 1);
+            avx512_prefetch_row(pf, npf, g0 + c, d * 2);
         }
         for (int r = 0; r < m; r += 2) {
             const int pair = r + 1 < m; /* an odd last row runs alone (its twin's lanes unused) */
@@ -816,7 +810,7 @@ avx512_pv_rows(const int rm, int n, int64_t d, const float *p, const void *const
         for (int c = 0; c < n; c++) {
             const __m512 vv = avx512_row16(v[c], 16 * ch, dtype, mask);
             if (c < pfn)
-                _mm_prefetch((const char *)pf[c] + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)pf[c] + line, _MM_HINT_T1);
 #pragma GCC unroll 8
             for (int r = 0; r < rm; r++)
                 acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * FLASHC_CPU_BLOCK_N + c]), vv,
