@@ -175,10 +175,9 @@
 #define SM90B_BM(D, FEAT)                                                                         \
     ((((D) == 128 && FC_SM90B_BM80) || ((D) == 64 && FC_SM90B_BM80_D64)) && ((FEAT) == 0 || (FEAT) == 3) ? 80 : 64)
 
-/* 1: the consumer index broadcast from lane 0, which tells the compiler that it is the same in
- * every lane of a warp. Derived from the thread index, it is taken as differing between lanes,
- * and so are the K and V panel addresses built from it: every wgmma descriptor of the key loop
- * is then assembled in per-thread registers and moved to uniform ones before its product (four
+/* 1: the consumer index made warp-uniform (sm90_warp_uniform). Without it, the K and V panel
+ * addresses built from it count as per-lane: every wgmma descriptor of the key loop is then
+ * assembled in per-thread registers and moved to uniform ones before its product (four
  * R2UR moves per product; 150-162 in each d128 kernel, 38-48 with the broadcast). The same
  * broadcast made the forward's diagonal skip pay (docs/PERF.md, "The causal blocks past a
  * consumer's own diagonal"). Not in the varlen feature kernels (FEAT 2), which spill with it.
@@ -754,7 +753,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         /* ---------------- consumers ---------------- */
         sm90_setmaxnreg_inc<SM90B_CONSUMER_REGS>();
         /* consumer index: keys [64c, 64c + 64) of the block */
-        const int c = FC_SM90B_UNIFORM_C && FEAT != 2 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+        const int c = FC_SM90B_UNIFORM_C && FEAT != 2 ? sm90_warp_uniform(wg - 1) : wg - 1;
         const int t = tid - 128 * wg; /* thread within the warpgroup */
         const int kw0 = n0 + 64 * c;  /* first key of this consumer */
         const int kr_l = (warp & 3) * 16 + (lane >> 2); /* this thread's key rows: +0, +8 */

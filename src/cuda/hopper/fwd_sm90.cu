@@ -154,11 +154,10 @@ template <int NC> struct sm90_cta {
 #define FC_SM90_FWD_DIAG_SKIP 1
 #endif
 
-/* 1: the consumer index broadcast from lane 0, so that the compiler knows it is the same in
- * every lane of a warp (derived from the thread index, it is taken as differing between lanes).
- * The Q rows' wgmma descriptors built from it then live in uniform registers: at d128 the key
- * loop loses the eight descriptors it keeps in per-thread registers (16 of them) and the two
- * R2UR moves before each S = Q K^T product. All but the d256 feature kernels, which spill
+/* 1: the consumer index made warp-uniform (sm90_warp_uniform). The Q rows' wgmma descriptors
+ * built from it then live in uniform registers: at d128 the key loop loses the eight
+ * descriptors it keeps in per-thread registers (16 of them) and the two R2UR moves before each
+ * S = Q K^T product. All but the d256 feature kernels, which spill
  * with it. Off until timed (docs/PERF.md, "The consumer index made warp-uniform"); off,
  * the kernels are those without it. */
 #ifndef FC_SM90_FWD_UNIFORM_CW
@@ -599,7 +598,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         /* ---------------- consumers ---------------- */
         sm90_setmaxnreg_inc<sm90_cta<NC>::CONSUMER_REGS>();
         /* consumer index 0 .. NC-1 */
-        const int cw = FC_SM90_FWD_UNIFORM_CW && (D <= 128 || FEAT == 0) ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+        const int cw = FC_SM90_FWD_UNIFORM_CW && (D <= 128 || FEAT == 0) ? sm90_warp_uniform(wg - 1) : wg - 1;
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
         const uint32_t o_rows = (L::SEP_O ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
@@ -684,11 +683,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     /* all consumers clear those rows together, on one barrier reached from the
                      * same place in every warp: a tile that has them skips nothing */
                     if (VARLEN && vtail < BN) skip = 0;
-                    /* broadcast from lane 0: the compiler then knows the count is the same in
-                     * every lane and keeps the ring position, and with it every stage address
-                     * and wgmma descriptor, in uniform registers (without it, all of them move
-                     * to per-thread registers and even non-causal tiles run 12% slower) */
-                    skip = __shfl_sync(0xffffffffu, skip, 0);
+                    /* the ring position follows the count: without this, its stage addresses
+                     * and descriptors leave the uniform registers (non-causal tiles too, -12%) */
+                    skip = sm90_warp_uniform(skip);
                 }
                 for (int i = 0; i < skip; i++) {
                     /* a stage is released only once it is filled: an arrival before the fill

@@ -104,6 +104,16 @@ SM90_DEVICE void sm90_fence_regs(uint32_t (&r)[N])
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+/* x as lane 0 of the warp holds it, for a value that is the same in every lane but derived
+ * from the thread index (a warpgroup's index, a count built from it): the compiler takes such
+ * a value as differing between lanes and keeps everything computed from it (stage addresses,
+ * wgmma descriptors) in per-thread registers, moved to uniform ones before each use. After
+ * the broadcast it knows better. */
+SM90_DEVICE int sm90_warp_uniform(int x)
+{
+    return __shfl_sync(0xffffffffu, x, 0);
+}
+
 /* The A fragments of the register form, [k16 slices][4]: the tensor core reads them after
  * the issuing instruction, so they must stay in place until the wait. */
 template <int N>
