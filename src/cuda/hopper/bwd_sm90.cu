@@ -181,9 +181,10 @@
  * R2UR moves per product; 150-162 in each d128 kernel, 38-48 with the broadcast). The same
  * broadcast made the forward's diagonal skip pay (docs/PERF.md, "The causal blocks past a
  * consumer's own diagonal"). Not in the varlen feature kernels (FEAT 2), which spill with it.
- * Off until timed; off, the kernels are those without it. */
+ * Measured +1-2% in the ordinary mode, -2-4% in the deterministic mode without a mask at d128
+ * (docs/PERF.md); 0 builds the kernels without it. */
 #ifndef FC_SM90B_UNIFORM_C
-#define FC_SM90B_UNIFORM_C 0
+#define FC_SM90B_UNIFORM_C 1
 #endif
 
 typedef struct sm90_bwd_params {

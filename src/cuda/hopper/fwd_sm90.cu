@@ -157,11 +157,11 @@ template <int NC> struct sm90_cta {
 /* 1: the consumer index made warp-uniform (sm90_warp_uniform). The Q rows' wgmma descriptors
  * built from it then live in uniform registers: at d128 the key loop loses the eight
  * descriptors it keeps in per-thread registers (16 of them) and the two R2UR moves before each
- * S = Q K^T product. All but the d256 feature kernels, which spill
- * with it. Off until timed (docs/PERF.md, "The consumer index made warp-uniform"); off,
- * the kernels are those without it. */
+ * S = Q K^T product. All but the d256 feature kernels, which spill with it. Measured +1-2.5%
+ * (d256 non-causal 2k-4k +2.5%, d64 +2%, d128 +1%; docs/PERF.md, "The consumer index made
+ * warp-uniform"); 0 builds the kernels without it. */
 #ifndef FC_SM90_FWD_UNIFORM_CW
-#define FC_SM90_FWD_UNIFORM_CW 0
+#define FC_SM90_FWD_UNIFORM_CW 1
 #endif
 
 /* Tile t of the schedule: its m-block and (batch, head). Non-causal tiles run m-block fastest,
