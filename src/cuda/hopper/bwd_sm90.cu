@@ -748,10 +748,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (it & 1)]);
             }
-            /* No wait for the last additions to be performed: each unit's source was read
-             * before its buffer went back, and the kernel's end makes the additions visible to
-             * the conversion pass, as it does the forward's O stores. Waiting would keep the
-             * CTA, and the next CTA's start on this SM, behind the last unit's trip to L2. */
+            sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
         }
     } else {
         /* ---------------- consumers ---------------- */
