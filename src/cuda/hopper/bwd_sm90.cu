@@ -151,6 +151,20 @@
 #define FC_SM90B_PINGPONG 0
 #endif
 
+/* A persistent grid for the plain fixed-length kernel without a mask, outside deterministic
+ * mode (PST): one CTA per SM, each walking the tiles (key block, kv head, batch) blockIdx.x,
+ * + gridDim.x, ... in the order the one-CTA-per-tile grid would dispatch them. The Q/dO ring
+ * and the dS and dQ buffers run on across tiles; a CTA's next tile's first Q and dO load while
+ * it finishes the last one, its K and V once the consumers have released the last tile's
+ * (kv_empty) and, fetched into L2 a few query blocks before, from there, so that they overlap
+ * the dK and dV stores instead of following them. The tile's coordinates pass to the
+ * consumers through shared memory (two slots, by tile parity), read where used, so that they
+ * hold no registers across the key loop. FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs
+ * walk many tiles). */
+#ifndef FC_SM90B_PERSIST
+#define FC_SM90B_PERSIST 0
+#endif
+
 /* A varlen batch without window, softcap, ALiBi or dropout on the plain kernel's code with
  * per-sequence bounds (FEAT 3) rather than the feature kernel's (FEAT 2); 0 keeps FEAT 2 for
  * every varlen batch, for comparisons. */
@@ -225,7 +239,28 @@ typedef struct sm90_bwd_params {
     fc_drop drop;
     uint64_t drop_offset;
     float drop_scale;
+    /* A persistent grid (PST): tiles in all, the key blocks per (kv head, batch) and the CTAs
+     * per batch element along y (kv heads x hsplit), as the plain grid lays them out. */
+    int tiles, k_blocks, tile_y;
 } sm90_bwd_params;
+
+/* Tile k of a persistent CTA: the plain grid's CTA blockIdx.x + k gridDim.x, x fastest. */
+typedef struct sm90b_tile {
+    int nb, hk, b, qh0;
+} sm90b_tile;
+
+static __device__ __forceinline__ sm90b_tile sm90b_tile_at(const sm90_bwd_params &p, int k)
+{
+    /* unsigned: every count is positive, and the unsigned divisions take fewer registers */
+    const unsigned t = blockIdx.x + (unsigned)k * gridDim.x, kb = (unsigned)p.k_blocks, ty = (unsigned)p.tile_y;
+    const unsigned hs = (unsigned)p.hsplit, ty_t = t / kb, y = ty_t % ty;
+    sm90b_tile r;
+    r.nb = (int)(t - ty_t * kb);
+    r.b = (int)(ty_t / ty);
+    r.hk = (int)(y / hs);
+    r.qh0 = r.hk * p.group + (int)(y - (unsigned)r.hk * hs) * (p.group / p.hsplit);
+    return r;
+}
 
 /* The sequence of a CTA: query rows q0 .. q0 + nq of the tensors' batch tb against keys
  * k0 .. k0 + nk, query i on the diagonal of key i + off; its rows of head h in the workspace
@@ -261,7 +296,7 @@ static __device__ __forceinline__ sm90b_seq sm90b_seq_of(const P &p, int b, int 
 /* Shared memory, every tile 1024-byte aligned: K, V, the Q ring, the dO ring, two dS buffers
  * (the next block's dS is written while the other consumer may still read this one), the
  * lse2/delta vectors per stage, the mbarriers. */
-template <int D, int BM>
+template <int D, int BM, int PST = 0>
 struct sm90_bwd_layout {
     static constexpr int BN = SM90B_BN, STAGES = SM90B_STAGES;
     static constexpr uint32_t KV_BYTES = BN * D * 2;
@@ -284,8 +319,9 @@ struct sm90_bwd_layout {
     static constexpr uint32_t BAR_OFF = VEC_OFF + STAGES * VEC_BYTES;
     /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with a lag:
      * ds_full[consumer][buffer], ds_read[consumer][buffer] */
-    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0);
-    static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8; /* varlen: the CTA's sequence */
+    static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0) + PST; /* PST: kv_empty */
+    /* varlen: the CTA's sequence; PST: the tile slots, 4 ints each */
+    static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8;
     static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
     static_assert(TOTAL <= 232448, "more shared memory than an sm_90 block may have");
 };
@@ -548,7 +584,7 @@ static __device__ __forceinline__ void sm90b_store_pair(void *base, int64_t off,
  * queries are zeroed in shared memory before use (so that a zero P or dS never meets the
  * neighbour's inf or NaN), and the padded workspace rows past its queries have lse2 = +inf,
  * so P is 0 there. */
-template <int D, int BF16, int FEAT>
+template <int D, int BF16, int FEAT, int PST = 0>
 __global__ void __launch_bounds__(SM90B_THREADS, 1)
 fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -556,7 +592,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = SM90B_BM(D, FEAT), BN = SM90B_BN, STAGES = SM90B_STAGES;
-    typedef sm90_bwd_layout<D, BM> L;
+    typedef sm90_bwd_layout<D, BM, PST> L;
     constexpr int PANELS = D / 64;
     static_assert((D == 64 || D == 128) && (BM == 64 || (BM == 80 && (FEAT == 0 || FEAT == 3) && L::LAG == 0)),
                   "tile shape");
@@ -578,6 +614,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
+    uint64_t *kv_empty = bars + L::BARS - 1; /* PST: the consumers are done with K and V */
+    static_assert(!PST || (FEAT == 0 && LAG == 0 && !PINGPONG && FC_SM90B_DQ_BULK && FC_SM90B_DQ_BULK64),
+                  "the persistent grid runs on the plain kernel's bulk dQ hand-over");
     /* dQ units through shared memory and bulk reductions (d64: the pair's sum; in
      * deterministic mode the reducing warp takes the semaphore turns, so that the consumers
      * never wait on them) */
@@ -588,6 +627,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int heads_cta = p.group / p.hsplit;                           /* query heads this CTA walks */
     const int qh0 = hk * p.group + (blockIdx.y % p.hsplit) * heads_cta; /* the first of them */
     const int n0 = nb * BN;
+    /* Whether this CTA has a tile k (PST: blockIdx.x + k gridDim.x, tiles without a mask all as
+     * long; else its one tile), from the launch indices at each test rather than a count that
+     * would hold a register across the walk */
+#define SM90B_HAS_TILE(k_) (PST ? (int)blockIdx.x + (k_) * (int)gridDim.x < p.tiles : (k_) < 1)
+    /* PST, in the consumers: field i_ of tile k's slot (nb, hk, b), written by the producer
+     * before the tile's kv_full arrival; read at each use, past the barriers */
+#define SM90B_TILE_S(i_) ((int)((volatile const int *)(smem + L::SEQ_OFF))[(k & 1) * 4 + (i_)])
     /* Every thread reads its sequence from the prefix sums for the band below, which runs
      * before the barrier that publishes thread 0's copy in shared memory. */
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, BM);
@@ -635,7 +681,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             m_min = first / BM;
             nm = (sq.nq + BM - 1) / BM - m_min;
         }
-    } else if (p.causal) {
+    } else if (!PST && p.causal) {
         const int first = n0 - p.causal_offset;
         if (first > p.seqlen_q - 1) nm = 0;
         else {
@@ -671,6 +717,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_mbar_init(&dq_full[u], 128);
             sm90_mbar_init(&dq_empty[u], 1);  /* the reducing thread, once the unit is read */
         }
+        if constexpr (PST) sm90_mbar_init(kv_empty, 256); /* every consumer thread, after its last product */
         if constexpr (LAG > 0)
             for (int i = 0; i < 2 * NDS; i++) {
                 sm90_mbar_init(&ds_full[i], 128); /* consumer i / NDS's half of buffer i % NDS written */
@@ -682,71 +729,115 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
     if (wg == 0) {
         /* ---------------- producer ---------------- */
-        sm90_setmaxnreg_dec<SM90B_PRODUCER_REGS>();
+        /* PST: the tile walk's coordinates and counts need more than 24; 32 x 128 + 240 x 256
+         * is still the whole register file */
+        sm90_setmaxnreg_dec<PST ? 32 : SM90B_PRODUCER_REGS>();
         if (warp == 0 && sm90_elect_one() && n_iter > 0) {
             sm90_tma_prefetch_desc(&tm_q);
             sm90_tma_prefetch_desc(&tm_k);
             sm90_tma_prefetch_desc(&tm_v);
             sm90_tma_prefetch_desc(&tm_do);
-            sm90_mbar_arrive_expect_tx(kv_full, 2 * L::KV_BYTES);
-#pragma unroll
-            for (int pn = 0; pn < PANELS; pn++) {
-                sm90_tma_load_4d(sbase + L::K_OFF + pn * (BN * 128), &tm_k, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);
-                sm90_tma_load_4d(sbase + L::V_OFF + pn * (BN * 128), &tm_v, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);
-            }
             int s = 0;
             uint32_t ph = 0;
-            for (int it = 0; it < n_iter; it++) {
-                const int v = SM90B_UNIT(it);
-                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
-                const int64_t row = SM90B_WS_ROW(qh, m0);
-                const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
-                const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
-                const uint32_t svec = sbase + L::VEC_OFF + s * L::VEC_BYTES;
-                sm90_mbar_wait(&q_empty[s], ph ^ 1);
-                sm90_mbar_arrive_expect_tx(&q_full[s], 2 * L::QT_BYTES + L::VEC_BYTES);
-#pragma unroll
-                for (int pn = 0; pn < PANELS; pn++) {
-                    sm90_tma_load_4d(sq_t + pn * (BM * 128), &tm_q, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB);
-                    sm90_tma_load_4d(sdo_t + pn * (BM * 128), &tm_do, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB);
+            for (int k = 0; SM90B_HAS_TILE(k); k++) {
+                /* this tile's coordinates, in the names of the CTA's */
+                const sm90b_tile tl = PST ? sm90b_tile_at(p, k) : sm90b_tile{nb, hk, b, qh0};
+                const int n0 = tl.nb * BN, hk = tl.hk, b = tl.b, qh0 = tl.qh0;
+                /* K and V, and (PST) the tile's slot for the consumers; a later tile's once the
+                 * consumers have released the last one's */
+#define SM90B_LOAD_KV()                                                                                          \
+    do {                                                                                                         \
+        if (PST && k > 0) sm90_mbar_wait(kv_empty, (uint32_t)((k - 1) & 1));                                     \
+        if (PST) {                                                                                               \
+            int *slot_ = (int *)(smem + L::SEQ_OFF) + (k & 1) * 4;                                               \
+            slot_[0] = tl.nb, slot_[1] = hk, slot_[2] = b;                                                       \
+        }                                                                                                        \
+        sm90_mbar_arrive_expect_tx(kv_full, 2 * L::KV_BYTES);                                                    \
+        _Pragma("unroll") for (int pn = 0; pn < PANELS; pn++) {                                                  \
+            const int at_ = pn * (BN * 128);                                                                     \
+            sm90_tma_load_4d(sbase + L::K_OFF + at_, &tm_k, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);      \
+            sm90_tma_load_4d(sbase + L::V_OFF + at_, &tm_v, kv_full, pn * 64, SM90B_K0 + n0, hk, SM90B_TB);      \
+        }                                                                                                        \
+    } while (0)
+                /* Q, dO and the vectors of the tile's it_-th block into the next stage */
+#define SM90B_LOAD_STAGE(it_)                                                                                    \
+    do {                                                                                                         \
+        const int v = SM90B_UNIT(it_);                                                                           \
+        const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;                                                 \
+        const int64_t row = SM90B_WS_ROW(qh, m0);                                                                \
+        const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;                                                \
+        const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;                                              \
+        const uint32_t svec = sbase + L::VEC_OFF + s * L::VEC_BYTES;                                             \
+        sm90_mbar_wait(&q_empty[s], ph ^ 1);                                                                     \
+        sm90_mbar_arrive_expect_tx(&q_full[s], 2 * L::QT_BYTES + L::VEC_BYTES);                                  \
+        _Pragma("unroll") for (int pn = 0; pn < PANELS; pn++) {                                                  \
+            sm90_tma_load_4d(sq_t + pn * (BM * 128), &tm_q, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB);   \
+            sm90_tma_load_4d(sdo_t + pn * (BM * 128), &tm_do, &q_full[s], pn * 64, SM90B_Q0 + m0, qh, SM90B_TB); \
+        }                                                                                                        \
+        sm90_bulk_load(svec, p.lse2 + row, BM * 4, &q_full[s]);                                                  \
+        sm90_bulk_load(svec + BM * 4, p.delta + row, BM * 4, &q_full[s]);                                        \
+        if (++s == STAGES) s = 0, ph ^= 1;                                                                       \
+    } while (0)
+                /* a later tile's K and V behind its first stage, which was freed a block earlier */
+                if (PST && k > 0) {
+                    SM90B_LOAD_STAGE(0);
+                    SM90B_LOAD_KV();
+                } else {
+                    SM90B_LOAD_KV();
                 }
-                sm90_bulk_load(svec, p.lse2 + row, BM * 4, &q_full[s]);
-                sm90_bulk_load(svec + BM * 4, p.delta + row, BM * 4, &q_full[s]);
-                if (++s == STAGES) s = 0, ph ^= 1;
+                for (int it = PST && k > 0 ? 1 : 0; it < n_iter; it++) SM90B_LOAD_STAGE(it);
             }
+#undef SM90B_LOAD_STAGE
+#undef SM90B_LOAD_KV
         } else if (dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
             /* the dQ units of each (query head, query block), as the consumers hand them over;
              * in deterministic mode in this key block's turn on the units' semaphores, each
              * turn handed on once the reductions are performed */
-            for (int it = 0; it < n_iter; it++) {
-                const int v = SM90B_UNIT(it);
-                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
-                const int64_t row = SM90B_WS_ROW(qh, m0);
-                float *acc = p.dq_acc + row * D;
-                int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
-                if (sem) {
-                    const int rank = SM90B_DET_RANK(m0, it);
-                    while (sm90_ld_acquire_gpu(sem) < rank || (D == 128 && sm90_ld_acquire_gpu(sem + 1) < rank)) {
+            for (int k = 0; SM90B_HAS_TILE(k); k++) {
+                const sm90b_tile tl = PST ? sm90b_tile_at(p, k) : sm90b_tile{nb, hk, b, qh0};
+                const int b = tl.b, qh0 = tl.qh0; /* this tile's, in the names of the CTA's */
+                for (int it = 0; it < n_iter; it++) {
+                    const int g = PST ? k * n_iter + it : it; /* the hand-overs' running count */
+                    if (PST && SM90B_HAS_TILE(k + 1) && it == max(n_iter - 4, 0)) {
+                        /* the next tile's K and V into L2, about four blocks ahead of their load
+                         * (here, where the producer's registers are short) */
+                        const sm90b_tile nx = sm90b_tile_at(p, k + 1);
+#pragma unroll
+                        for (int pn = 0; pn < PANELS; pn++) {
+                            sm90_tma_prefetch_4d(&tm_k, pn * 64, nx.nb * BN, nx.hk, nx.b);
+                            sm90_tma_prefetch_4d(&tm_v, pn * 64, nx.nb * BN, nx.hk, nx.b);
+                        }
                     }
-                    sm90_fence_proxy_async_global();
+                    const int v = SM90B_UNIT(it);
+                    const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
+                    const int64_t row = SM90B_WS_ROW(qh, m0);
+                    float *acc = p.dq_acc + row * D;
+                    int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
+                    if (sem) {
+                        const int rank = SM90B_DET_RANK(m0, it);
+                        while (sm90_ld_acquire_gpu(sem) < rank || (D == 128 && sm90_ld_acquire_gpu(sem + 1) < rank)) {
+                        }
+                        sm90_fence_proxy_async_global();
+                    }
+                    /* d128: the consumers' units 0 and 1, each in its consumer's buffer; d64: unit 0,
+                     * the pair's sum, in buffer it & 1 */
+                    constexpr int UNITS = D == 128 ? 2 : 1;
+                    for (int u = 0; u < UNITS; u++) {
+                        const int slot = D == 128 ? u : (g & 1);
+                        sm90_mbar_wait(&dq_full[slot], D == 128 ? (g & 1) : ((g >> 1) & 1));
+                        sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + slot * L::DQ_BYTES,
+                                                 L::DQ_BYTES);
+                    }
+                    sm90_bulk_commit();
+                    if (sem) {
+                        sm90_bulk_wait();
+                        sm90_fence_proxy_async_global();
+                        for (int u = 0; u < UNITS; u++) sm90_red_release_add_gpu(sem + u);
+                    } else {
+                        sm90_bulk_wait_read();
+                    }
+                    for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (g & 1)]);
                 }
-                /* d128: the consumers' units 0 and 1, each in its consumer's buffer; d64: unit 0,
-                 * the pair's sum, in buffer it & 1 */
-                constexpr int UNITS = D == 128 ? 2 : 1;
-                for (int u = 0; u < UNITS; u++) {
-                    const int slot = D == 128 ? u : (it & 1);
-                    sm90_mbar_wait(&dq_full[slot], D == 128 ? (it & 1) : ((it >> 1) & 1));
-                    sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + slot * L::DQ_BYTES, L::DQ_BYTES);
-                }
-                sm90_bulk_commit();
-                if (sem) {
-                    sm90_bulk_wait();
-                    sm90_fence_proxy_async_global();
-                    for (int u = 0; u < UNITS; u++) sm90_red_release_add_gpu(sem + u);
-                } else {
-                    sm90_bulk_wait_read();
-                }
-                for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (it & 1)]);
             }
             sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
         }
@@ -757,6 +848,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int c = FC_SM90B_UNIFORM_C && FEAT != 2 ? sm90_warp_uniform(wg - 1) : wg - 1;
         const int t = tid - 128 * wg; /* thread within the warpgroup */
         const int kw0 = n0 + 64 * c;  /* first key of this consumer */
+        /* PST: the tile's first key of this consumer, kv head and batch, from its slot */
+#define SM90B_KW0 (PST ? SM90B_TILE_S(0) * BN + 64 * c : kw0)
+#define SM90B_EHK (PST ? SM90B_TILE_S(1) : hk)
+#define SM90B_ETB (PST ? SM90B_TILE_S(2) : SM90B_TB)
         const int kr_l = (warp & 3) * 16 + (lane >> 2); /* this thread's key rows: +0, +8 */
         const int qc_l = 2 * (lane & 3);                /* its query columns: 8g + qc_l + {0, 1} */
         /* d128: consumer c computes head-dim panel c of the block's dQ over all 128 keys
@@ -776,12 +871,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr,                  \
                      p.deterministic ? SM90B_DET_RANK(m0, j) : 0, c, t);                            \
     } while (0)
-        float dv[D / 2], dk[D / 2];
+        for (int k = 0; SM90B_HAS_TILE(k); k++) {
+            float dv[D / 2], dk[D / 2];
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
-        /* This consumer's dQ unit into dqa (an array of the expanding scope) over the dS buffer
-         * at buf_, one commit group: dS (K-major A) times K panel pb (MN-major B), or with
-         * DQ_T, K panel pb read as an M-major A times dS^T (the same tile as a K-major B). */
+            for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
+            /* This consumer's dQ unit into dqa (an array of the expanding scope) over the dS buffer
+             * at buf_, one commit group: dS (K-major A) times K panel pb (MN-major B), or with
+             * DQ_T, K panel pb read as an M-major A times dS^T (the same tile as a K-major B). */
 #define SM90B_ISSUE_DQ(buf_)                                                                          \
     do {                                                                                              \
         const uint32_t dsb_ = (buf_);                                                                 \
@@ -796,10 +892,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }                                                                                             \
         sm90_wgmma_commit();                                                                          \
     } while (0)
-        /* dqa, the dQ unit of the CTA's j_-th (query head qh_, query block row m0_), into the
-         * accumulator: through shared memory and the reducing warp (dq_bulk: d128 unit c into
-         * its buffer once the reduction of the one before has read it; d64 already handed over
-         * by the pair sum), or by reductions from the registers. */
+            /* dqa, the dQ unit of the CTA's j_-th (query head qh_, query block row m0_), into the
+             * accumulator: through shared memory and the reducing warp (dq_bulk: d128 unit c into
+             * its buffer once the reduction of the one before has read it; d64 already handed over
+             * by the pair sum), or by reductions from the registers. */
 #define SM90B_ADD_DQ_UNIT(j_, qh_, m0_)                                                               \
     do {                                                                                              \
         const int j = (j_), qh_n_ = (qh_), m0_n_ = (m0_);                                             \
@@ -817,76 +913,78 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         }                                                                                             \
     } while (0)
 
-        /* d64: this consumer's K and V rows as wgmma A fragments, for the whole loop */
-        constexpr bool KV_REGS = D == 64 && FC_SM90B_KV_REGS;
-        uint32_t kfrag[4][4], vfrag[4][4];
-        if (n_iter > 0) {
-            sm90_mbar_wait(kv_full, 0);
-            if (VARLEN && n0 + BN > SM90B_LEN_K) {
-                sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
-                sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
-                sm90_bar_sync(SM90B_BAR_TAIL, 256);
-            }
-            if constexpr (KV_REGS) {
-                sm90b_load_a_frags(kfrag, sK + 64 * c * 128, warp, lane);
-                sm90b_load_a_frags(vfrag, sV + 64 * c * 128, warp, lane);
-            }
-            for (int it = 0; it < n_iter; it++) {
-                const int s = it % STAGES;
-                const uint32_t ph = (uint32_t)((it / STAGES) & 1);
-                const int v = SM90B_UNIT(it);
-                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
-                const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
-                const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
-                const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
-                const uint32_t sds = sbase + L::DS_OFF + ((uint32_t)it % NDS) * L::DS_BYTES;
-
-                float sc[BM / 2], dp[BM / 2];
-                /* the slope of this query head, read before the GEMMs hide its latency */
-                const float slope2 =
-                    FEATS && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
-                sm90_mbar_wait(&q_full[s], ph);
-                if (VARLEN && m0 + BM > SM90B_LEN_Q) {
-                    sm90_zero_tile_rows<PANELS>(sq_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
-                    sm90_zero_tile_rows<PANELS>(sdo_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
+            /* d64: this consumer's K and V rows as wgmma A fragments, for the whole loop */
+            constexpr bool KV_REGS = D == 64 && FC_SM90B_KV_REGS;
+            uint32_t kfrag[4][4], vfrag[4][4];
+            if (n_iter > 0) {
+                sm90_mbar_wait(kv_full, (uint32_t)(k & 1));
+                if (VARLEN && n0 + BN > SM90B_LEN_K) {
+                    sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
+                    sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
                     sm90_bar_sync(SM90B_BAR_TAIL, 256);
                 }
-                /* ping-pong: consumer 1's first turn follows consumer 0's first products */
-                if (PINGPONG && c == 1 && it == 0) sm90_bar_sync(SM90B_BAR_TURN0 + 1, 256);
-                sm90_wgmma_fence();
                 if constexpr (KV_REGS) {
-                    sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
-                    sm90b_issue_kt_rs<BM, BF16>(dp, vfrag, sdo_t);
-                } else {
-                    sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
-                    sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                    sm90b_load_a_frags(kfrag, sK + 64 * c * 128, warp, lane);
+                    sm90b_load_a_frags(vfrag, sV + 64 * c * 128, warp, lane);
                 }
-                sm90_fence_regs(sc);
-                sm90_fence_regs(dp);
-                if (PINGPONG) sm90_bar_arrive(SM90B_BAR_TURN0 + 1 - c, 256); /* the other's turn */
-                sm90_wgmma_wait<1>(); /* S^T is in; dP^T may still run while P^T is computed */
-                sm90_fence_regs(sc);
+                for (int it = 0; it < n_iter; it++) {
+                    const int g = PST ? k * n_iter + it : it; /* the ring's and the buffers' running count */
+                    const int s = g % STAGES;
+                    const uint32_t ph = (uint32_t)((g / STAGES) & 1);
+                    const int v = SM90B_UNIT(it);
+                    const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
+                    const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
+                    const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
+                    const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
+                    const uint32_t sds = sbase + L::DS_OFF + ((uint32_t)g % NDS) * L::DS_BYTES;
 
-                /* P^T = exp2(S^T * scale * log2e - lse2), query columns from the stage's vector.
-                 * Keys past seqlen_k, or past the causal diagonal of the block's first row,
-                 * get 0 (a lse2 of +inf, a row that sees no key, gives 0 too). Register pair
-                 * (j, j + 1), j = 8 kk + 2 r, is key row kr_l + 8 (r % 2) and query columns
-                 * 16 kk + 8 (r / 2) + qc_l + {0, 1}. */
-                bool need_mask;
-                /* the plain kernels' diagonal: the parameters', or the varlen sequence's */
-                const int coff = VARLEN ? SM90B_OFF : p.causal_offset;
-                if (FEATS) {
-                    /* whether some pair of this 64 x 64 block is outside the band: 64-bit, a
-                     * window may be as wide as INT32_MAX */
-                    const long long dmin = (long long)kw0 - (m0 + 63) - SM90B_OFF, dmax = (long long)kw0 + 63 - m0 - SM90B_OFF;
-                    need_mask = kw0 + 64 > SM90B_LEN_K || (p.has_left && dmin < -(long long)p.left) ||
-                                (p.has_right && dmax > p.right);
-                } else {
-                    need_mask = kw0 + 64 > SM90B_LEN_K || (p.causal && kw0 + 63 > m0 + coff);
-                }
-                /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
-                 * and whether the band hides it. */
-                const float alibi_d0 = FEATS ? (float)(m0 + qc_l + SM90B_OFF - kw0 - kr_l) : 0.f;
+                    float sc[BM / 2], dp[BM / 2];
+                    /* the slope of this query head, read before the GEMMs hide its latency */
+                    const float slope2 =
+                        FEATS && p.alibi_on ? p.alibi[b * p.alibi_sb + qh] * 1.4426950408889634f : 0.f;
+                    sm90_mbar_wait(&q_full[s], ph);
+                    if (VARLEN && m0 + BM > SM90B_LEN_Q) {
+                        sm90_zero_tile_rows<PANELS>(sq_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
+                        sm90_zero_tile_rows<PANELS>(sdo_t, BM, SM90B_LEN_Q - m0, tid - 128, 256);
+                        sm90_bar_sync(SM90B_BAR_TAIL, 256);
+                    }
+                    /* ping-pong: consumer 1's first turn follows consumer 0's first products */
+                    if (PINGPONG && c == 1 && it == 0) sm90_bar_sync(SM90B_BAR_TURN0 + 1, 256);
+                    sm90_wgmma_fence();
+                    if constexpr (KV_REGS) {
+                        sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
+                        sm90b_issue_kt_rs<BM, BF16>(dp, vfrag, sdo_t);
+                    } else {
+                        sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
+                        sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                    }
+                    sm90_fence_regs(sc);
+                    sm90_fence_regs(dp);
+                    if (PINGPONG) sm90_bar_arrive(SM90B_BAR_TURN0 + 1 - c, 256); /* the other's turn */
+                    sm90_wgmma_wait<1>(); /* S^T is in; dP^T may still run while P^T is computed */
+                    sm90_fence_regs(sc);
+
+                    /* P^T = exp2(S^T * scale * log2e - lse2), query columns from the stage's vector.
+                     * Keys past seqlen_k, or past the causal diagonal of the block's first row,
+                     * get 0 (a lse2 of +inf, a row that sees no key, gives 0 too). Register pair
+                     * (j, j + 1), j = 8 kk + 2 r, is key row kr_l + 8 (r % 2) and query columns
+                     * 16 kk + 8 (r / 2) + qc_l + {0, 1}. */
+                    bool need_mask;
+                    /* the plain kernels' diagonal: the parameters', or the varlen sequence's */
+                    const int coff = VARLEN ? SM90B_OFF : p.causal_offset;
+                    if (FEATS) {
+                        /* whether some pair of this 64 x 64 block is outside the band: 64-bit, a
+                         * window may be as wide as INT32_MAX */
+                        const long long dmin = (long long)kw0 - (m0 + 63) - SM90B_OFF,
+                                        dmax = (long long)kw0 + 63 - m0 - SM90B_OFF;
+                        need_mask = kw0 + 64 > SM90B_LEN_K || (p.has_left && dmin < -(long long)p.left) ||
+                                    (p.has_right && dmax > p.right);
+                    } else {
+                        need_mask = SM90B_KW0 + 64 > SM90B_LEN_K || (!PST && p.causal && kw0 + 63 > m0 + coff);
+                    }
+                    /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
+                     * and whether the band hides it. */
+                    const float alibi_d0 = FEATS ? (float)(m0 + qc_l + SM90B_OFF - kw0 - kr_l) : 0.f;
 #define SM90B_DIST(j_) (alibi_d0 + (float)(8 * ((j_) >> 2) + ((j_) & 1) - 8 * (((j_) >> 1) & 1)))
 #define SM90B_HIDDEN(j_)                                                                           \
     ({                                                                                             \
@@ -894,257 +992,267 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int rel_ = key_ - (m0 + 8 * ((j_) >> 2) + qc_l + ((j_) & 1)) - SM90B_OFF; /* |.| < 2^31 */   \
         key_ >= SM90B_LEN_K || (p.has_left && rel_ < -p.left) || (p.has_right && rel_ > p.right);         \
     })
-                /* With softcap, P^T needs the tanh of every score again for dS^T (the
-                 * derivative 1 - tanh^2): the tanh is computed now, over the dP^T product, and
-                 * kept in sc; P^T follows once dP^T is in (keeping both would spill). */
-                const bool late = FEATS && p.softcap_on;
-                if (late) {
+                    /* With softcap, P^T needs the tanh of every score again for dS^T (the
+                     * derivative 1 - tanh^2): the tanh is computed now, over the dP^T product, and
+                     * kept in sc; P^T follows once dP^T is in (keeping both would spill). */
+                    const bool late = FEATS && p.softcap_on;
+                    if (late) {
 #pragma unroll
-                    for (int j = 0; j < BM / 2; j++) sc[j] = tanhf(sc[j] * p.softcap_pre);
-                } else {
-                    if (FEATS && p.alibi_on) {
-                        /* scale, then -slope |i + off - j|, into the log2 domain */
+                        for (int j = 0; j < BM / 2; j++) sc[j] = tanhf(sc[j] * p.softcap_pre);
+                    } else {
+                        if (FEATS && p.alibi_on) {
+                            /* scale, then -slope |i + off - j|, into the log2 domain */
 #pragma unroll
-                        for (int j = 0; j < BM / 2; j++) sc[j] = fmaf(sc[j], p.score_log2, -slope2 * fabsf(SM90B_DIST(j)));
-                    }
-                    if (FEATS && need_mask) {
-#pragma unroll
-                        for (int j = 0; j < BM / 2; j++)
-                            if (SM90B_HIDDEN(j)) sc[j] = -INFINITY;
-                    } else if (need_mask) {
-                        /* -inf: exp2 makes it 0, whatever lse2 is */
-                        const int key0 = kw0 + kr_l;
-#pragma unroll
-                        for (int j = 0; j < BM / 2; j++) {
-                            const int key = key0 + 8 * ((j >> 1) & 1);
-                            const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
-                            if (key >= SM90B_LEN_K || (p.causal && key > qi + coff)) sc[j] = -INFINITY;
+                            for (int j = 0; j < BM / 2; j++) sc[j] = fmaf(sc[j], p.score_log2, -slope2 * fabsf(SM90B_DIST(j)));
                         }
-                    }
+                        if (FEATS && need_mask) {
 #pragma unroll
-                    for (int kk = 0; kk < BM / 16; kk++)
+                            for (int j = 0; j < BM / 2; j++)
+                                if (SM90B_HIDDEN(j)) sc[j] = -INFINITY;
+                        } else if (need_mask) {
+                            /* -inf: exp2 makes it 0, whatever lse2 is */
+                            const int key0 = SM90B_KW0 + kr_l;
 #pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
-                            const float2 l2 = *(const float2 *)(vec + q);
-                            const float p0 = sm90_exp2(fmaf(sc[j], p.scale_log2, -l2.x));
-                            const float p1 = sm90_exp2(fmaf(sc[j + 1], p.scale_log2, -l2.y));
-                            sc[j] = p0, sc[j + 1] = p1;
+                            for (int j = 0; j < BM / 2; j++) {
+                                const int key = key0 + 8 * ((j >> 1) & 1);
+                                const int qi = m0 + 8 * (j >> 2) + qc_l + (j & 1);
+                                if (key >= SM90B_LEN_K || (p.causal && key > qi + coff)) sc[j] = -INFINITY;
+                            }
                         }
-                }
-                /* Dropout: the keep bits of this 64 x 64 block while dP^T is still being
-                 * computed; dP^T becomes Z dP^T / (1 - p) (so that dS^T below is the dropout
-                 * backward's), and the packed P^T loses its dropped entries (dV is scaled by
-                 * 1 / (1 - p) in the epilogue). Register j is key row kr_l + 8 ((j >> 1) & 1),
-                 * query column 8 (j >> 2) + qc_l + (j & 1): bit 4 (j >> 2) of keep[2 ((j >> 1)
-                 * & 1) + (j & 1)]. */
-                uint32_t keep[4];
-                if constexpr (FEATS)
-                    if (p.drop_on)
-                        fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
-                                             m0, lane, keep);
+#pragma unroll
+                        for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                            for (int r = 0; r < 4; r++) {
+                                const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                                const float2 l2 = *(const float2 *)(vec + q);
+                                const float p0 = sm90_exp2(fmaf(sc[j], p.scale_log2, -l2.x));
+                                const float p1 = sm90_exp2(fmaf(sc[j + 1], p.scale_log2, -l2.y));
+                                sc[j] = p0, sc[j + 1] = p1;
+                            }
+                    }
+                    /* Dropout: the keep bits of this 64 x 64 block while dP^T is still being
+                     * computed; dP^T becomes Z dP^T / (1 - p) (so that dS^T below is the dropout
+                     * backward's), and the packed P^T loses its dropped entries (dV is scaled by
+                     * 1 / (1 - p) in the epilogue). Register j is key row kr_l + 8 ((j >> 1) & 1),
+                     * query column 8 (j >> 2) + qc_l + (j & 1): bit 4 (j >> 2) of keep[2 ((j >> 1)
+                     * & 1) + (j & 1)]. */
+                    uint32_t keep[4];
+                    if constexpr (FEATS)
+                        if (p.drop_on)
+                            fc_keep_cols<BM / 8>(p.drop, p.drop_offset + (uint64_t)((int64_t)b * p.heads_q + qh), kw0 + kr_l,
+                                                 m0, lane, keep);
 #define SM90B_KEPT(j_) ((keep[2 * (((j_) >> 1) & 1) + ((j_) & 1)] >> (4 * ((j_) >> 2))) & 1)
-                uint32_t pf[BM / 16][4], dsf[BM / 16][4];
-                sm90_wgmma_wait<0>();
-                sm90_fence_regs(dp);
-                if (FEATS && p.drop_on) {
+                    uint32_t pf[BM / 16][4], dsf[BM / 16][4];
+                    sm90_wgmma_wait<0>();
+                    sm90_fence_regs(dp);
+                    if (FEATS && p.drop_on) {
 #pragma unroll
-                    for (int j = 0; j < BM / 2; j++) dp[j] = SM90B_KEPT(j) ? dp[j] * p.drop_scale : 0.f;
-                }
-                if (late) {
-                    /* x = softcap tanh - slope |i + SM90B_OFF - j| (log2 domain), P^T = exp2(x -
-                     * lse2), dS^T = P^T (dP^T - delta) (1 - tanh^2) */
+                        for (int j = 0; j < BM / 2; j++) dp[j] = SM90B_KEPT(j) ? dp[j] * p.drop_scale : 0.f;
+                    }
+                    if (late) {
+                        /* x = softcap tanh - slope |i + SM90B_OFF - j| (log2 domain), P^T = exp2(x -
+                         * lse2), dS^T = P^T (dP^T - delta) (1 - tanh^2) */
 #pragma unroll
-                    for (int kk = 0; kk < BM / 16; kk++)
+                        for (int kk = 0; kk < BM / 16; kk++)
 #pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
-                            const float2 l2 = *(const float2 *)(vec + q);
-                            const float2 dl = *(const float2 *)(vec + BM + q);
-                            const float t0 = sc[j], t1 = sc[j + 1];
-                            float x0 = p.softcap_log2 * t0, x1 = p.softcap_log2 * t1;
-                            if (p.alibi_on) {
-                                x0 -= slope2 * fabsf(SM90B_DIST(j));
-                                x1 -= slope2 * fabsf(SM90B_DIST(j + 1));
+                            for (int r = 0; r < 4; r++) {
+                                const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                                const float2 l2 = *(const float2 *)(vec + q);
+                                const float2 dl = *(const float2 *)(vec + BM + q);
+                                const float t0 = sc[j], t1 = sc[j + 1];
+                                float x0 = p.softcap_log2 * t0, x1 = p.softcap_log2 * t1;
+                                if (p.alibi_on) {
+                                    x0 -= slope2 * fabsf(SM90B_DIST(j));
+                                    x1 -= slope2 * fabsf(SM90B_DIST(j + 1));
+                                }
+                                if (need_mask) {
+                                    if (SM90B_HIDDEN(j)) x0 = -INFINITY;
+                                    if (SM90B_HIDDEN(j + 1)) x1 = -INFINITY;
+                                }
+                                const float p0 = sm90_exp2(x0 - l2.x), p1 = sm90_exp2(x1 - l2.y);
+                                pf[kk][r] = sm90_pack2<BF16>(p0, p1);
+                                dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x) * (1.f - t0 * t0),
+                                                              p1 * (dp[j + 1] - dl.y) * (1.f - t1 * t1));
                             }
-                            if (need_mask) {
-                                if (SM90B_HIDDEN(j)) x0 = -INFINITY;
-                                if (SM90B_HIDDEN(j + 1)) x1 = -INFINITY;
+                    } else {
+                        /* dS^T = P^T (dP^T - delta), packed */
+#pragma unroll
+                        for (int kk = 0; kk < BM / 16; kk++)
+#pragma unroll
+                            for (int r = 0; r < 4; r++) {
+                                const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
+                                const float2 dl = *(const float2 *)(vec + BM + q);
+                                const float p0 = sc[j], p1 = sc[j + 1];
+                                pf[kk][r] = sm90_pack2<BF16>(p0, p1);
+                                dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
                             }
-                            const float p0 = sm90_exp2(x0 - l2.x), p1 = sm90_exp2(x1 - l2.y);
-                            pf[kk][r] = sm90_pack2<BF16>(p0, p1);
-                            dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x) * (1.f - t0 * t0),
-                                                          p1 * (dp[j + 1] - dl.y) * (1.f - t1 * t1));
-                        }
-                } else {
-                    /* dS^T = P^T (dP^T - delta), packed */
+                    }
+                    if (FEATS && p.drop_on) {
 #pragma unroll
-                    for (int kk = 0; kk < BM / 16; kk++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const int j = 8 * kk + 2 * r, q = 16 * kk + 8 * (r >> 1) + qc_l;
-                            const float2 dl = *(const float2 *)(vec + BM + q);
-                            const float p0 = sc[j], p1 = sc[j + 1];
-                            pf[kk][r] = sm90_pack2<BF16>(p0, p1);
-                            dsf[kk][r] = sm90_pack2<BF16>(p0 * (dp[j] - dl.x), p1 * (dp[j + 1] - dl.y));
-                        }
-                }
-                if (FEATS && p.drop_on) {
-#pragma unroll
-                    for (int j = 0; j < BM / 2; j += 2)
-                        pf[j >> 3][(j >> 1) & 3] &= (SM90B_KEPT(j) ? 0xffffu : 0u) | (SM90B_KEPT(j + 1) ? 0xffff0000u : 0u);
-                }
+                        for (int j = 0; j < BM / 2; j += 2)
+                            pf[j >> 3][(j >> 1) & 3] &=
+                                (SM90B_KEPT(j) ? 0xffffu : 0u) | (SM90B_KEPT(j + 1) ? 0xffff0000u : 0u);
+                    }
 #undef SM90B_KEPT
 #undef SM90B_DIST
 #undef SM90B_HIDDEN
-                /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
-                 * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
-                if (LAG && it >= NDS) /* the other consumer's dQ product has read this buffer */
-                    sm90_mbar_wait(&ds_read[(1 - c) * NDS + it % NDS], ((it - NDS) / NDS) & 1);
-                if constexpr (FC_SM90B_DS_STSM) {
-                    /* dsf[kk] holds four 8 x 8 matrices of dS^T: key half r & 1 of the warp's 16
-                     * keys, query octet 2 kk + (r >> 1); stored transposed, lane 8 i + r of the
-                     * warp addresses query row 16 kk + 8 (i >> 1) + r, keys 8 (i & 1) on */
-                    const uint32_t panel = sds + c * (BM * 128);
-                    const int mi = lane >> 3, key = (warp & 3) * 16 + 8 * (mi & 1);
+                    /* dS into panel c of the dS tile, [query][key] with the 128-byte swizzle
+                     * (the K-major A of dQ = dS K). Lanes of one store hit 16 distinct words. */
+                    if (LAG && it >= NDS) /* the other consumer's dQ product has read this buffer */
+                        sm90_mbar_wait(&ds_read[(1 - c) * NDS + it % NDS], ((it - NDS) / NDS) & 1);
+                    if constexpr (FC_SM90B_DS_STSM) {
+                        /* dsf[kk] holds four 8 x 8 matrices of dS^T: key half r & 1 of the warp's 16
+                         * keys, query octet 2 kk + (r >> 1); stored transposed, lane 8 i + r of the
+                         * warp addresses query row 16 kk + 8 (i >> 1) + r, keys 8 (i & 1) on */
+                        const uint32_t panel = sds + c * (BM * 128);
+                        const int mi = lane >> 3, key = (warp & 3) * 16 + 8 * (mi & 1);
 #pragma unroll
-                    for (int kk = 0; kk < BM / 16; kk++) {
-                        const int q = 16 * kk + 8 * (mi >> 1) + (lane & 7);
-                        sm90_stmatrix_x4_trans(panel + q * 128 + (((key >> 3) ^ (q & 7)) << 4), dsf[kk][0], dsf[kk][1],
-                                               dsf[kk][2], dsf[kk][3]);
+                        for (int kk = 0; kk < BM / 16; kk++) {
+                            const int q = 16 * kk + 8 * (mi >> 1) + (lane & 7);
+                            sm90_stmatrix_x4_trans(panel + q * 128 + (((key >> 3) ^ (q & 7)) << 4), dsf[kk][0], dsf[kk][1],
+                                                   dsf[kk][2], dsf[kk][3]);
+                        }
+                    } else {
+                        const uint32_t panel = sds + c * (BM * 128);
+#pragma unroll
+                        for (int j = 0; j < BM / 2; j++) {
+                            const int kr = kr_l + 8 * ((j >> 1) & 1);
+                            const int q = 8 * (j >> 2) + qc_l + (j & 1);
+                            const uint32_t w = dsf[j >> 3][(j >> 1) & 3];
+                            const uint16_t v = (uint16_t)((j & 1) ? (w >> 16) : (w & 0xffffu));
+                            sm90_st_shared_b16(panel + q * 128 + ((((kr >> 3) ^ (q & 7)) << 4) | ((kr & 7) * 2)), v);
+                        }
                     }
-                } else {
-                    const uint32_t panel = sds + c * (BM * 128);
-#pragma unroll
-                    for (int j = 0; j < BM / 2; j++) {
-                        const int kr = kr_l + 8 * ((j >> 1) & 1);
-                        const int q = 8 * (j >> 2) + qc_l + (j & 1);
-                        const uint32_t w = dsf[j >> 3][(j >> 1) & 3];
-                        const uint16_t v = (uint16_t)((j & 1) ? (w >> 16) : (w & 0xffffu));
-                        sm90_st_shared_b16(panel + q * 128 + ((((kr >> 3) ^ (q & 7)) << 4) | ((kr & 7) * 2)), v);
-                    }
-                }
-                sm90_fence_proxy_async();
-                /* d128: both halves of dS are in; d64: this consumer's is, and the two
-                 * consumers stay free of each other, so one's exponentials can run beside the
-                 * other's products */
-                /* LAG: the unit of block dq_blk (LAG blocks back; in the first LAG iterations
-                 * the first block's, unused) comes next; wait for the other consumer's half of
-                 * its dS here, before this block's products are in flight */
-                const bool dq_real = it >= LAG;
-                const int dq_blk = dq_real ? it - LAG : 0;
-                if constexpr (LAG > 0) {
-                    sm90_mbar_arrive(&ds_full[c * NDS + it % NDS]);
-                    sm90_mbar_wait(&ds_full[(1 - c) * NDS + dq_blk % NDS], (dq_blk / NDS) & 1);
-                } else if constexpr (D == 128)
-                    sm90_bar_sync(SM90B_BAR_DS, 256);
-                else
-                    sm90_bar_sync(SM90B_BAR_DS_OWN0 + c, 128);
+                    sm90_fence_proxy_async();
+                    /* d128: both halves of dS are in; d64: this consumer's is, and the two
+                     * consumers stay free of each other, so one's exponentials can run beside the
+                     * other's products */
+                    /* LAG: the unit of block dq_blk (LAG blocks back; in the first LAG iterations
+                     * the first block's, unused) comes next; wait for the other consumer's half of
+                     * its dS here, before this block's products are in flight */
+                    const bool dq_real = it >= LAG;
+                    const int dq_blk = dq_real ? it - LAG : 0;
+                    if constexpr (LAG > 0) {
+                        sm90_mbar_arrive(&ds_full[c * NDS + it % NDS]);
+                        sm90_mbar_wait(&ds_full[(1 - c) * NDS + dq_blk % NDS], (dq_blk / NDS) & 1);
+                    } else if constexpr (D == 128)
+                        sm90_bar_sync(SM90B_BAR_DS, 256);
+                    else
+                        sm90_bar_sync(SM90B_BAR_DS_OWN0 + c, 128);
 
-                /* d64: dQ's product first, in a commit group of its own, then dV and dK, so
-                 * that the dQ reduction into global memory (and, in deterministic mode, the
-                 * wait for this unit's turn) runs while the tensor cores work on dV and dK.
-                 * d128 waits for all three first: with dK and dV (128 registers) in flight
-                 * beside the dQ unit, its registers would spill. */
-                constexpr bool DQ_FIRST = D == 64;
-                float dqa[DQN];
-                if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
-                sm90_wgmma_fence();
-                if constexpr (!DQ_FIRST) {
-                    sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
-                    sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
-                    sm90_wgmma_commit();
-                }
-                SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk % NDS) * L::DS_BYTES : sds);
-                /* the turn ends with the next block's S^T and dP^T; after the last block's
-                 * products the leader hands over once more, for the follower's last turn */
-                if (PINGPONG && c == 0 && it == n_iter - 1) sm90_bar_arrive(SM90B_BAR_TURN0 + 1, 256);
-                if constexpr (DQ_FIRST) {
-                    sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
-                    sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
-                    sm90_wgmma_commit();
-                }
-                sm90_fence_regs(dv);
-                sm90_fence_regs(dk);
-                sm90_fence_regs(pf);
-                sm90_fence_regs(dsf);
-                sm90_fence_regs(dqa);
-                if constexpr (DQ_FIRST) {
-                    sm90_wgmma_wait<1>(); /* dQ is in; dV and dK may still run */
-                } else {
-                    sm90_wgmma_wait<0>();
-                    sm90_fence_regs(dv);
-                    sm90_fence_regs(dk);
-                    sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
-                    if (LAG && dq_real) sm90_mbar_arrive(&ds_read[c * NDS + dq_blk % NDS]);
-                }
-                sm90_fence_regs(dqa);
-
-                /* d64: the two consumers' partial dQ (each over its own 64 keys) are summed
-                 * in shared memory and added to global memory once (by the reducing warp, or
-                 * by consumer 1): half the adds into L2, and in deterministic mode half the
-                 * turns. Consumer 0 stores its partial and goes on (it waits only for a buffer
-                 * not yet read, two blocks back). */
-                if constexpr (D == 64) {
-                    const uint32_t pbuf = sbase + L::DQ_OFF + (it & 1) * L::DQ_BYTES + t * 16;
-                    sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64>(dqa, pbuf, c, it & 1, it >= 2, it + 2 < n_iter,
-                                                                 (uint32_t)(((it >> 1) + 1) & 1), &dq_full[it & 1],
-                                                                 &dq_empty[it & 1]);
-                }
-                /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
-                 * fragment order (LAG: not the first iterations' repeats) */
-                if (!LAG || dq_real)
-                    SM90B_ADD_DQ_UNIT(dq_blk, LAG ? qh0 + SM90B_UNIT(dq_blk) / nm : qh,
-                                      LAG ? (m_min + SM90B_UNIT(dq_blk) % nm) * BM : m0);
-                if constexpr (DQ_FIRST) {
-                    sm90_wgmma_wait<0>();
-                    sm90_fence_regs(dv);
-                    sm90_fence_regs(dk);
-                    sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
-                }
-            }
-            if constexpr (LAG > 0) {
-                /* the last LAG blocks' units (with fewer blocks, the first block's repeated,
-                 * unused, for the blocks before it) */
-#pragma unroll
-                for (int u = 0; u < LAG; u++) {
-                    const int blk = n_iter - LAG + u, rb = max(blk, 0);
+                    /* d64: dQ's product first, in a commit group of its own, then dV and dK, so
+                     * that the dQ reduction into global memory (and, in deterministic mode, the
+                     * wait for this unit's turn) runs while the tensor cores work on dV and dK.
+                     * d128 waits for all three first: with dK and dV (128 registers) in flight
+                     * beside the dQ unit, its registers would spill. */
+                    constexpr bool DQ_FIRST = D == 64;
                     float dqa[DQN];
-                    sm90_mbar_wait(&ds_full[(1 - c) * NDS + rb % NDS], (rb / NDS) & 1);
+                    if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
                     sm90_wgmma_fence();
-                    SM90B_ISSUE_DQ(sbase + L::DS_OFF + (rb % NDS) * L::DS_BYTES);
+                    if constexpr (!DQ_FIRST) {
+                        sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
+                        sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                        sm90_wgmma_commit();
+                    }
+                    SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk % NDS) * L::DS_BYTES : sds);
+                    /* the turn ends with the next block's S^T and dP^T; after the last block's
+                     * products the leader hands over once more, for the follower's last turn */
+                    if (PINGPONG && c == 0 && it == n_iter - 1) sm90_bar_arrive(SM90B_BAR_TURN0 + 1, 256);
+                    if constexpr (DQ_FIRST) {
+                        sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
+                        sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                        sm90_wgmma_commit();
+                    }
+                    sm90_fence_regs(dv);
+                    sm90_fence_regs(dk);
+                    sm90_fence_regs(pf);
+                    sm90_fence_regs(dsf);
                     sm90_fence_regs(dqa);
-                    sm90_wgmma_wait<0>();
+                    if constexpr (DQ_FIRST) {
+                        sm90_wgmma_wait<1>(); /* dQ is in; dV and dK may still run */
+                    } else {
+                        sm90_wgmma_wait<0>();
+                        sm90_fence_regs(dv);
+                        sm90_fence_regs(dk);
+                        sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+                        if (LAG && dq_real) sm90_mbar_arrive(&ds_read[c * NDS + dq_blk % NDS]);
+                    }
                     sm90_fence_regs(dqa);
-                    if (blk >= 0)
-                        SM90B_ADD_DQ_UNIT(blk, qh0 + SM90B_UNIT(blk) / nm, (m_min + SM90B_UNIT(blk) % nm) * BM);
-                }
-            }
-        }
 
-        /* ---------------- epilogue: dK (scaled) and dV, 16-bit, straight to global ---------------- */
-        if (FEATS && p.drop_on) {
-#pragma unroll
-            for (int j = 0; j < D / 2; j++) dv[j] *= p.drop_scale;
-        }
-#pragma unroll
-        for (int j = 0; j < D / 2; j += 2) {
-            const int key = kw0 + kr_l + 8 * ((j >> 1) & 1);
-            const int col = 8 * (j >> 2) + qc_l;
-            if (key < SM90B_LEN_K) {
-                const int64_t tok = SM90B_K0 + key;
-                if (p.hsplit > 1) {
-                    const int64_t at = (((int64_t)SM90B_TB * p.seqlen_k + tok) * p.heads_kv + hk) * D + col;
-                    sm90_red_add_v2(p.dk_acc + at, dk[j] * p.scale, dk[j + 1] * p.scale);
-                    sm90_red_add_v2(p.dv_acc + at, dv[j], dv[j + 1]);
-                    continue;
+                    /* d64: the two consumers' partial dQ (each over its own 64 keys) are summed
+                     * in shared memory and added to global memory once (by the reducing warp, or
+                     * by consumer 1): half the adds into L2, and in deterministic mode half the
+                     * turns. Consumer 0 stores its partial and goes on (it waits only for a buffer
+                     * not yet read, two blocks back). */
+                    if constexpr (D == 64) {
+                        const uint32_t pbuf = sbase + L::DQ_OFF + (g & 1) * L::DQ_BYTES + t * 16;
+                        sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64>(dqa, pbuf, c, g & 1, g >= 2, it + 2 < n_iter,
+                                                                     (uint32_t)(((g >> 1) + 1) & 1), &dq_full[g & 1],
+                                                                     &dq_empty[g & 1]);
+                    }
+                    /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
+                     * fragment order (LAG: not the first iterations' repeats) */
+                    if (!LAG || dq_real)
+                        SM90B_ADD_DQ_UNIT(PST ? g : dq_blk, LAG ? qh0 + SM90B_UNIT(dq_blk) / nm : qh,
+                                          LAG ? (m_min + SM90B_UNIT(dq_blk) % nm) * BM : m0);
+                    if constexpr (DQ_FIRST) {
+                        sm90_wgmma_wait<0>();
+                        sm90_fence_regs(dv);
+                        sm90_fence_regs(dk);
+                        sm90_mbar_arrive(&q_empty[s]); /* Q, dO and the vectors are read */
+                    }
                 }
-                sm90b_store_pair<BF16>(p.dk, SM90B_TB * p.dk_sb + tok * p.dk_ss + hk * p.dk_sh + col, dk[j] * p.scale,
-                                       dk[j + 1] * p.scale);
-                sm90b_store_pair<BF16>(p.dv, SM90B_TB * p.dv_sb + tok * p.dv_ss + hk * p.dv_sh + col, dv[j], dv[j + 1]);
+                if constexpr (LAG > 0) {
+                    /* the last LAG blocks' units (with fewer blocks, the first block's repeated,
+                     * unused, for the blocks before it) */
+#pragma unroll
+                    for (int u = 0; u < LAG; u++) {
+                        const int blk = n_iter - LAG + u, rb = max(blk, 0);
+                        float dqa[DQN];
+                        sm90_mbar_wait(&ds_full[(1 - c) * NDS + rb % NDS], (rb / NDS) & 1);
+                        sm90_wgmma_fence();
+                        SM90B_ISSUE_DQ(sbase + L::DS_OFF + (rb % NDS) * L::DS_BYTES);
+                        sm90_fence_regs(dqa);
+                        sm90_wgmma_wait<0>();
+                        sm90_fence_regs(dqa);
+                        if (blk >= 0)
+                            SM90B_ADD_DQ_UNIT(blk, qh0 + SM90B_UNIT(blk) / nm, (m_min + SM90B_UNIT(blk) % nm) * BM);
+                    }
+                }
+                if constexpr (PST) sm90_mbar_arrive(kv_empty); /* this tile's last product has read K and V */
+            }
+
+            /* ---------------- epilogue: dK (scaled) and dV, 16-bit, straight to global ---------------- */
+            if (FEATS && p.drop_on) {
+#pragma unroll
+                for (int j = 0; j < D / 2; j++) dv[j] *= p.drop_scale;
+            }
+            const int kw0_e = SM90B_KW0, hk_e = SM90B_EHK, tb_e = SM90B_ETB; /* the tile's */
+#pragma unroll
+            for (int j = 0; j < D / 2; j += 2) {
+                const int key = kw0_e + kr_l + 8 * ((j >> 1) & 1);
+                const int col = 8 * (j >> 2) + qc_l;
+                if (key < SM90B_LEN_K) {
+                    const int64_t tok = SM90B_K0 + key;
+                    if (p.hsplit > 1) {
+                        const int64_t at = (((int64_t)tb_e * p.seqlen_k + tok) * p.heads_kv + hk_e) * D + col;
+                        sm90_red_add_v2(p.dk_acc + at, dk[j] * p.scale, dk[j + 1] * p.scale);
+                        sm90_red_add_v2(p.dv_acc + at, dv[j], dv[j + 1]);
+                        continue;
+                    }
+                    sm90b_store_pair<BF16>(p.dk, tb_e * p.dk_sb + tok * p.dk_ss + hk_e * p.dk_sh + col, dk[j] * p.scale,
+                                           dk[j + 1] * p.scale);
+                    sm90b_store_pair<BF16>(p.dv, tb_e * p.dv_sb + tok * p.dv_ss + hk_e * p.dv_sh + col, dv[j],
+                                           dv[j + 1]);
+                }
             }
         }
     }
+#undef SM90B_KW0
+#undef SM90B_EHK
+#undef SM90B_ETB
+#undef SM90B_TILE_S
+#undef SM90B_HAS_TILE
 #undef SM90B_ADD_DQ
 #undef SM90B_UNIT
 #undef SM90B_DET_RANK
@@ -1273,7 +1381,8 @@ static int sm90b_bm(const fc_sm90_bwd_args *a)
 template <int D>
 static size_t sm90b_smem_most(void)
 {
-    const size_t plain = sm90_bwd_layout<D, SM90B_BM(D, 0)>::TOTAL, feat = sm90_bwd_layout<D, 64>::TOTAL;
+    const size_t plain = sm90_bwd_layout<D, SM90B_BM(D, 0), FC_SM90B_PERSIST>::TOTAL,
+                 feat = sm90_bwd_layout<D, 64>::TOTAL;
     return plain > feat ? plain : feat;
 }
 
@@ -1341,6 +1450,19 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
         if (heaviest / d <= share) under_whole = d;
     }
     return under_half < group ? under_half : under_whole;
+}
+
+/* CTAs of the persistent grid (FC_SM90B_PERSIST) for the plain fixed-length kernel, or 0 for
+ * one CTA per tile: a causal grid's tiles differ in length and would be shared unequally by a
+ * fixed walk, and deterministic mode's turns rely on each key block's CTA running once the
+ * ones before it have started. One CTA per SM, where there are more tiles than SMs;
+ * FLASHC_SM90B_CTAS=n forces n outside those two cases, for tests and comparisons. */
+static int sm90b_persistent_ctas(const fc_sm90_bwd_args *a, int64_t tiles)
+{
+    if (!FC_SM90B_PERSIST || a->causal || a->deterministic || tiles >= 0x7fffffff || a->num_sms <= 0) return 0;
+    static const long forced = sm90_env_long("FLASHC_SM90B_CTAS", 0);
+    if (forced >= 1) return (int)(forced < tiles ? forced : tiles);
+    return tiles > a->num_sms ? a->num_sms : 0;
 }
 
 static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
@@ -1526,7 +1648,21 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
     dim3 grid(k_blocks, a->heads_kv * p.hsplit, seqs);
-    fc_sm90_bwd_kernel<D, BF16, FEAT><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
+    int ctas = 0;
+    if constexpr (FEAT == 0 && FC_SM90B_PERSIST)
+        ctas = sm90b_persistent_ctas(a, (int64_t)k_blocks * grid.y * seqs);
+    if (ctas > 0) {
+        if constexpr (FEAT == 0 && FC_SM90B_PERSIST) {
+            p.tiles = (int)((int64_t)k_blocks * grid.y * seqs), p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
+            const uint32_t smem_p = sm90_bwd_layout<D, BM, 1>::TOTAL;
+            err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem_p);
+            if (err != cudaSuccess) return err;
+            fc_sm90_bwd_kernel<D, BF16, 0, 1><<<ctas, SM90B_THREADS, smem_p, stream>>>(tq, tk, tv, tdo, p);
+        }
+    } else {
+        fc_sm90_bwd_kernel<D, BF16, FEAT><<<grid, SM90B_THREADS, smem, stream>>>(tq, tk, tv, tdo, p);
+    }
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     if (p.hsplit > 1) {

@@ -309,6 +309,15 @@ SM90_DEVICE void sm90_tma_load_4d(uint32_t dst, const CUtensorMap *map, uint64_t
                  : "memory");
 }
 
+/* A 4-D tile of map at (c0, c1, c2, c3) fetched into L2 only (no shared memory, no
+ * barrier): a later load of the same tile then waits on L2 rather than on device memory. */
+SM90_DEVICE void sm90_tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"((uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
 /* The same for 3-D and 2-D maps. */
 SM90_DEVICE void sm90_tma_load_3d(uint32_t dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
                                   int c2)
