@@ -242,17 +242,20 @@ typedef struct sm90_bwd_params {
     /* A persistent grid (PST): tiles in all, the key blocks per (kv head, batch) and the CTAs
      * per batch element along y (kv heads x hsplit), as the plain grid lays them out. */
     int tiles, k_blocks, tile_y;
+    /* PST under a causal mask: the next tile is gridDim.x + atomicAdd(tile_counter, 1) (tiles
+     * differ in length, so the CTAs take them as they free up); NULL: the last + gridDim.x */
+    int *tile_counter;
 } sm90_bwd_params;
 
-/* Tile k of a persistent CTA: the plain grid's CTA blockIdx.x + k gridDim.x, x fastest. */
+/* Tile t of a persistent grid: the plain grid's CTA t in dispatch order (x fastest). */
 typedef struct sm90b_tile {
     int nb, hk, b, qh0;
 } sm90b_tile;
 
-static __device__ __forceinline__ sm90b_tile sm90b_tile_at(const sm90_bwd_params &p, int k)
+static __device__ __forceinline__ sm90b_tile sm90b_tile_of(const sm90_bwd_params &p, int tile)
 {
     /* unsigned: every count is positive, and the unsigned divisions take fewer registers */
-    const unsigned t = blockIdx.x + (unsigned)k * gridDim.x, kb = (unsigned)p.k_blocks, ty = (unsigned)p.tile_y;
+    const unsigned t = (unsigned)tile, kb = (unsigned)p.k_blocks, ty = (unsigned)p.tile_y;
     const unsigned hs = (unsigned)p.hsplit, ty_t = t / kb, y = ty_t % ty;
     sm90b_tile r;
     r.nb = (int)(t - ty_t * kb);
@@ -320,9 +323,11 @@ struct sm90_bwd_layout {
     /* kv_full, q_full[STAGES], q_empty[STAGES], dq_full[2], dq_empty[2]; d128 with a lag:
      * ds_full[consumer][buffer], ds_read[consumer][buffer] */
     static constexpr uint32_t BARS = 1 + 2 * STAGES + 4 + (LAG ? 4 * DS_BUFS : 0) + PST; /* PST: kv_empty */
-    /* varlen: the CTA's sequence; PST: the tile slots, 4 ints each */
+    /* varlen: the CTA's sequence; PST: two tile slots of 8 ints (sm90b slot fields), then
+     * HDR_OFF: the workspace row of the dQ unit in each hand-over buffer (int64, -1: the end) */
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8;
-    static constexpr uint32_t TOTAL = SEQ_OFF + 32 + 1024;  /* + alignment slack */
+    static constexpr uint32_t HDR_OFF = SEQ_OFF + 64;
+    static constexpr uint32_t TOTAL = SEQ_OFF + (PST ? 64 + 16 : 32) + 1024; /* + alignment slack */
     static_assert(TOTAL <= 232448, "more shared memory than an sm_90 block may have");
 };
 
@@ -478,11 +483,12 @@ static __device__ __forceinline__ void sm90b_store_dq(const float (&d)[N], uint3
  * global memory and arrives on empty once the buffer is read; consumer 0 first waits
  * (wait_empty) on empty (phase empty_phase), two blocks on. Otherwise consumer 1 keeps the sum
  * in its registers and hands the buffer back on a named barrier when a block two on will use
- * it (give_back), so that no arrival is left pending at the end. */
-template <bool TO_BULK, int N>
+ * it (give_back), so that no arrival is left pending at the end. HDR (with TO_BULK): consumer 1's
+ * first thread also writes the unit's workspace row into *hdr for the reducing warp. */
+template <bool TO_BULK, bool HDR, int N>
 static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t buf, int c, int b, bool wait_empty,
                                                          bool give_back, uint32_t empty_phase, uint64_t *full,
-                                                         uint64_t *empty)
+                                                         uint64_t *empty, volatile int64_t *hdr, int64_t row)
 {
     if (c == 0) {
         if (wait_empty) {
@@ -500,6 +506,7 @@ static __device__ __forceinline__ void sm90b_dq_pair_sum(float (&d)[N], uint32_t
             if constexpr (TO_BULK) sm90_st_shared_v4(buf + g * 2048, d[4 * g], d[4 * g + 1], d[4 * g + 2], d[4 * g + 3]);
         }
         if constexpr (TO_BULK) {
+            if (HDR && threadIdx.x % 128 == 0) *hdr = row;
             sm90_fence_proxy_async();
             sm90_mbar_arrive(full);
         } else if (give_back) {
@@ -627,13 +634,19 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int heads_cta = p.group / p.hsplit;                           /* query heads this CTA walks */
     const int qh0 = hk * p.group + (blockIdx.y % p.hsplit) * heads_cta; /* the first of them */
     const int n0 = nb * BN;
-    /* Whether this CTA has a tile k (PST: blockIdx.x + k gridDim.x, tiles without a mask all as
-     * long; else its one tile), from the launch indices at each test rather than a count that
-     * would hold a register across the walk */
-#define SM90B_HAS_TILE(k_) (PST ? (int)blockIdx.x + (k_) * (int)gridDim.x < p.tiles : (k_) < 1)
-    /* PST, in the consumers: field i_ of tile k's slot (nb, hk, b), written by the producer
-     * before the tile's kv_full arrival; read at each use, past the barriers */
-#define SM90B_TILE_S(i_) ((int)((volatile const int *)(smem + L::SEQ_OFF))[(k & 1) * 4 + (i_)])
+    /* PST: the k-th tile's slot, written by the producer before the tile's kv_full arrival and
+     * read by the consumers at each use, past the barriers (so that it holds no register
+     * across the key loop): its key block (-1: the walk has ended), kv head, batch, first query
+     * head, and the blocks the CTA walked before it (the running count of the Q/dO ring and
+     * the dS and dQ buffers). */
+#define SM90B_SLOT_NB 0
+#define SM90B_SLOT_HK 1
+#define SM90B_SLOT_B 2
+#define SM90B_SLOT_QH0 3
+#define SM90B_SLOT_G0 4
+#define SM90B_TILE_S(i_) ((int)((volatile const int *)(smem + L::SEQ_OFF))[(k & 1) * 8 + (i_)])
+    /* PST: the row of the dQ unit handed over in buffer i_ (the reducing warp's only source) */
+#define SM90B_HDR(i_) (((volatile int64_t *)(smem + L::HDR_OFF))[i_])
     /* Every thread reads its sequence from the prefix sums for the band below, which runs
      * before the barrier that publishes thread 0's copy in shared memory. */
     const sm90b_seq sq = sm90b_seq_of<FEAT>(p, b, p.heads_q, p.sqr, BM);
@@ -739,18 +752,34 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             sm90_tma_prefetch_desc(&tm_do);
             int s = 0;
             uint32_t ph = 0;
-            for (int k = 0; SM90B_HAS_TILE(k); k++) {
-                /* this tile's coordinates, in the names of the CTA's */
-                const sm90b_tile tl = PST ? sm90b_tile_at(p, k) : sm90b_tile{nb, hk, b, qh0};
+            int tile = blockIdx.x, g0 = 0; /* PST: this tile and the blocks walked before it */
+            for (int k = 0; PST || k < 1; k++) {
+                if (PST && tile >= p.tiles) {
+                    /* the end of the walk, for the consumers: a slot without a key block */
+                    sm90_mbar_wait(kv_empty, (uint32_t)((k - 1) & 1));
+                    int *slot = (int *)(smem + L::SEQ_OFF) + (k & 1) * 8;
+                    slot[SM90B_SLOT_NB] = -1, slot[SM90B_SLOT_G0] = g0;
+                    sm90_mbar_arrive(kv_full);
+                    break;
+                }
+                /* this tile's coordinates and query blocks, in the names of the CTA's */
+                const sm90b_tile tl = PST ? sm90b_tile_of(p, tile) : sm90b_tile{nb, hk, b, qh0};
+                const int next = !PST ? 0 : p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
+                                                            : tile + (int)gridDim.x;
+                const int t_min = PST && p.causal ? max(tl.nb * BN - p.causal_offset, 0) / BM : m_min;
+                const int t_nm = PST && p.causal ? p.m_blocks - t_min : nm;
+                const int t_iter = PST && p.causal ? t_nm * heads_cta : n_iter;
                 const int n0 = tl.nb * BN, hk = tl.hk, b = tl.b, qh0 = tl.qh0;
+                const int m_min = t_min, nm = t_nm, n_iter = t_iter;
                 /* K and V, and (PST) the tile's slot for the consumers; a later tile's once the
                  * consumers have released the last one's */
 #define SM90B_LOAD_KV()                                                                                          \
     do {                                                                                                         \
         if (PST && k > 0) sm90_mbar_wait(kv_empty, (uint32_t)((k - 1) & 1));                                     \
         if (PST) {                                                                                               \
-            int *slot_ = (int *)(smem + L::SEQ_OFF) + (k & 1) * 4;                                               \
-            slot_[0] = tl.nb, slot_[1] = hk, slot_[2] = b;                                                       \
+            int *slot_ = (int *)(smem + L::SEQ_OFF) + (k & 1) * 8;                                               \
+            slot_[SM90B_SLOT_NB] = tl.nb, slot_[SM90B_SLOT_HK] = hk, slot_[SM90B_SLOT_B] = b;                    \
+            slot_[SM90B_SLOT_QH0] = qh0, slot_[SM90B_SLOT_G0] = g0;                                              \
         }                                                                                                        \
         sm90_mbar_arrive_expect_tx(kv_full, 2 * L::KV_BYTES);                                                    \
         _Pragma("unroll") for (int pn = 0; pn < PANELS; pn++) {                                                  \
@@ -786,58 +815,73 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     SM90B_LOAD_KV();
                 }
                 for (int it = PST && k > 0 ? 1 : 0; it < n_iter; it++) SM90B_LOAD_STAGE(it);
+                if (PST && next < p.tiles) {
+                    /* the next tile's K and V into L2 while the consumers are on this tile's last
+                     * blocks, to be there when this tile's are released */
+                    const sm90b_tile nx = sm90b_tile_of(p, next);
+#pragma unroll
+                    for (int pn = 0; pn < PANELS; pn++) {
+                        sm90_tma_prefetch_4d(&tm_k, pn * 64, nx.nb * BN, nx.hk, nx.b);
+                        sm90_tma_prefetch_4d(&tm_v, pn * 64, nx.nb * BN, nx.hk, nx.b);
+                    }
+                }
+                g0 += n_iter, tile = next;
             }
 #undef SM90B_LOAD_STAGE
 #undef SM90B_LOAD_KV
-        } else if (dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
+        } else if (PST && warp == 1 && sm90_elect_one()) {
+            /* PST: the dQ units as the consumers hand them over, whatever tile they belong to:
+             * each comes with its workspace row in the buffer's header, and a row of -1 ends
+             * the walk */
+            constexpr int UNITS = D == 128 ? 2 : 1;
+            for (int g = 0;; g++) {
+                for (int u = 0; u < UNITS; u++)
+                    sm90_mbar_wait(&dq_full[D == 128 ? u : (g & 1)], D == 128 ? (g & 1) : ((g >> 1) & 1));
+                const int64_t row = SM90B_HDR(D == 128 ? 0 : (g & 1));
+                if (row < 0) break;
+                for (int u = 0; u < UNITS; u++) {
+                    const int buf = D == 128 ? u : (g & 1);
+                    sm90_bulk_reduce_add_f32(p.dq_acc + row * D + u * (BM * 64), sbase + L::DQ_OFF + buf * L::DQ_BYTES,
+                                             L::DQ_BYTES);
+                }
+                sm90_bulk_commit();
+                sm90_bulk_wait_read();
+                for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (g & 1)]);
+            }
+            sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
+        } else if (!PST && dq_bulk && warp == 1 && sm90_elect_one() && n_iter > 0) {
             /* the dQ units of each (query head, query block), as the consumers hand them over;
              * in deterministic mode in this key block's turn on the units' semaphores, each
              * turn handed on once the reductions are performed */
-            for (int k = 0; SM90B_HAS_TILE(k); k++) {
-                const sm90b_tile tl = PST ? sm90b_tile_at(p, k) : sm90b_tile{nb, hk, b, qh0};
-                const int b = tl.b, qh0 = tl.qh0; /* this tile's, in the names of the CTA's */
-                for (int it = 0; it < n_iter; it++) {
-                    const int g = PST ? k * n_iter + it : it; /* the hand-overs' running count */
-                    if (PST && SM90B_HAS_TILE(k + 1) && it == max(n_iter - 4, 0)) {
-                        /* the next tile's K and V into L2, about four blocks ahead of their load
-                         * (here, where the producer's registers are short) */
-                        const sm90b_tile nx = sm90b_tile_at(p, k + 1);
-#pragma unroll
-                        for (int pn = 0; pn < PANELS; pn++) {
-                            sm90_tma_prefetch_4d(&tm_k, pn * 64, nx.nb * BN, nx.hk, nx.b);
-                            sm90_tma_prefetch_4d(&tm_v, pn * 64, nx.nb * BN, nx.hk, nx.b);
-                        }
+            for (int it = 0; it < n_iter; it++) {
+                const int v = SM90B_UNIT(it);
+                const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
+                const int64_t row = SM90B_WS_ROW(qh, m0);
+                float *acc = p.dq_acc + row * D;
+                int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
+                if (sem) {
+                    const int rank = SM90B_DET_RANK(m0, it);
+                    while (sm90_ld_acquire_gpu(sem) < rank || (D == 128 && sm90_ld_acquire_gpu(sem + 1) < rank)) {
                     }
-                    const int v = SM90B_UNIT(it);
-                    const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
-                    const int64_t row = SM90B_WS_ROW(qh, m0);
-                    float *acc = p.dq_acc + row * D;
-                    int *sem = p.deterministic ? p.sem + row / BM * 2 : nullptr;
-                    if (sem) {
-                        const int rank = SM90B_DET_RANK(m0, it);
-                        while (sm90_ld_acquire_gpu(sem) < rank || (D == 128 && sm90_ld_acquire_gpu(sem + 1) < rank)) {
-                        }
-                        sm90_fence_proxy_async_global();
-                    }
-                    /* d128: the consumers' units 0 and 1, each in its consumer's buffer; d64: unit 0,
-                     * the pair's sum, in buffer it & 1 */
-                    constexpr int UNITS = D == 128 ? 2 : 1;
-                    for (int u = 0; u < UNITS; u++) {
-                        const int slot = D == 128 ? u : (g & 1);
-                        sm90_mbar_wait(&dq_full[slot], D == 128 ? (g & 1) : ((g >> 1) & 1));
-                        sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + slot * L::DQ_BYTES,
-                                                 L::DQ_BYTES);
-                    }
-                    sm90_bulk_commit();
-                    if (sem) {
-                        sm90_bulk_wait();
-                        sm90_fence_proxy_async_global();
-                        for (int u = 0; u < UNITS; u++) sm90_red_release_add_gpu(sem + u);
-                    } else {
-                        sm90_bulk_wait_read();
-                    }
-                    for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (g & 1)]);
+                    sm90_fence_proxy_async_global();
                 }
+                /* d128: the consumers' units 0 and 1, each in its consumer's buffer; d64: unit 0,
+                 * the pair's sum, in buffer it & 1 */
+                constexpr int UNITS = D == 128 ? 2 : 1;
+                for (int u = 0; u < UNITS; u++) {
+                    const int slot = D == 128 ? u : (it & 1);
+                    sm90_mbar_wait(&dq_full[slot], D == 128 ? (it & 1) : ((it >> 1) & 1));
+                    sm90_bulk_reduce_add_f32(acc + u * (BM * 64), sbase + L::DQ_OFF + slot * L::DQ_BYTES, L::DQ_BYTES);
+                }
+                sm90_bulk_commit();
+                if (sem) {
+                    sm90_bulk_wait();
+                    sm90_fence_proxy_async_global();
+                    for (int u = 0; u < UNITS; u++) sm90_red_release_add_gpu(sem + u);
+                } else {
+                    sm90_bulk_wait_read();
+                }
+                for (int u = 0; u < UNITS; u++) sm90_mbar_arrive(&dq_empty[D == 128 ? u : (it & 1)]);
             }
             sm90_bulk_wait(); /* the additions performed before the conversion pass reads them */
         }
@@ -848,10 +892,17 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int c = FC_SM90B_UNIFORM_C && FEAT != 2 ? sm90_warp_uniform(wg - 1) : wg - 1;
         const int t = tid - 128 * wg; /* thread within the warpgroup */
         const int kw0 = n0 + 64 * c;  /* first key of this consumer */
-        /* PST: the tile's first key of this consumer, kv head and batch, from its slot */
-#define SM90B_KW0 (PST ? SM90B_TILE_S(0) * BN + 64 * c : kw0)
-#define SM90B_EHK (PST ? SM90B_TILE_S(1) : hk)
-#define SM90B_ETB (PST ? SM90B_TILE_S(2) : SM90B_TB)
+        /* PST: the tile's first key of this consumer, kv head, batch and first query head, and
+         * its query blocks (causal: from its first key), from its slot */
+#define SM90B_KW0 (PST ? SM90B_TILE_S(SM90B_SLOT_NB) * BN + 64 * c : kw0)
+#define SM90B_EHK (PST ? SM90B_TILE_S(SM90B_SLOT_HK) : hk)
+#define SM90B_ETB (PST ? SM90B_TILE_S(SM90B_SLOT_B) : SM90B_TB)
+#define SM90B_QH0 (PST ? SM90B_TILE_S(SM90B_SLOT_QH0) : qh0)
+#define SM90B_MMIN (PST && p.causal ? max(SM90B_TILE_S(SM90B_SLOT_NB) * BN - p.causal_offset, 0) / BM : m_min)
+#define SM90B_NM (PST && p.causal ? p.m_blocks - SM90B_MMIN : nm)
+#define SM90B_NITER (PST && p.causal ? SM90B_NM * heads_cta : n_iter)
+        /* PST: the workspace row of (query head qh_, block row m0_) of the tile */
+#define SM90B_PST_ROW(qh_, m0_) (((int64_t)SM90B_TILE_S(SM90B_SLOT_B) * p.heads_q + (qh_)) * p.sqr + (m0_))
         const int kr_l = (warp & 3) * 16 + (lane >> 2); /* this thread's key rows: +0, +8 */
         const int qc_l = 2 * (lane & 3);                /* its query columns: 8g + qc_l + {0, 1} */
         /* d128: consumer c computes head-dim panel c of the block's dQ over all 128 keys
@@ -871,7 +922,24 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      p.deterministic ? p.sem + (wrow_ / BM * 2 + (u_)) : nullptr,                  \
                      p.deterministic ? SM90B_DET_RANK(m0, j) : 0, c, t);                            \
     } while (0)
-        for (int k = 0; SM90B_HAS_TILE(k); k++) {
+        for (int k = 0; PST || k < 1; k++) {
+            if (PST) {
+                sm90_mbar_wait(kv_full, (uint32_t)(k & 1));
+                if (SM90B_TILE_S(SM90B_SLOT_NB) < 0) {
+                    /* the end of the walk: a last hand-over with the row -1 tells the reducing
+                     * warp (d128: in each consumer's buffer; d64: consumer 1's, in the next
+                     * buffer of the pair sum, once the reducer has read it) */
+                    const int g = SM90B_TILE_S(SM90B_SLOT_G0);
+                    if (D == 128 || c == 1) {
+                        const int buf = D == 128 ? c : (g & 1);
+                        if (D == 128 && g > 0) sm90_mbar_wait(&dq_empty[c], (uint32_t)((g - 1) & 1));
+                        if (D == 64 && g >= 2) sm90_mbar_wait(&dq_empty[buf], (uint32_t)(((g >> 1) + 1) & 1));
+                        if (t == 0) SM90B_HDR(buf) = -1;
+                        sm90_mbar_arrive(&dq_full[buf]);
+                    }
+                    break;
+                }
+            }
             float dv[D / 2], dk[D / 2];
 #pragma unroll
             for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
@@ -905,6 +973,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         } else if (dq_bulk) {                                                                         \
             const uint32_t buf = sbase + L::DQ_OFF + c * L::DQ_BYTES + t * 16;                        \
             if (j > 0) sm90_mbar_wait(&dq_empty[c], (j - 1) & 1);                                     \
+            if (PST && t == 0) SM90B_HDR(c) = SM90B_PST_ROW(qh, m0);                                  \
             sm90b_store_dq(dqa, buf);                                                                 \
             sm90_fence_proxy_async();                                                                 \
             sm90_mbar_arrive(&dq_full[c]);                                                            \
@@ -917,7 +986,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
             constexpr bool KV_REGS = D == 64 && FC_SM90B_KV_REGS;
             uint32_t kfrag[4][4], vfrag[4][4];
             if (n_iter > 0) {
-                sm90_mbar_wait(kv_full, (uint32_t)(k & 1));
+                if (!PST) sm90_mbar_wait(kv_full, 0);
                 if (VARLEN && n0 + BN > SM90B_LEN_K) {
                     sm90_zero_tile_rows<PANELS>(sK, BN, SM90B_LEN_K - n0, tid - 128, 256);
                     sm90_zero_tile_rows<PANELS>(sV, BN, SM90B_LEN_K - n0, tid - 128, 256);
@@ -927,12 +996,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90b_load_a_frags(kfrag, sK + 64 * c * 128, warp, lane);
                     sm90b_load_a_frags(vfrag, sV + 64 * c * 128, warp, lane);
                 }
-                for (int it = 0; it < n_iter; it++) {
-                    const int g = PST ? k * n_iter + it : it; /* the ring's and the buffers' running count */
+                for (int it = 0; it < SM90B_NITER; it++) {
+                    /* the ring's and the buffers' running count */
+                    const int g = PST ? SM90B_TILE_S(SM90B_SLOT_G0) + it : it;
                     const int s = g % STAGES;
                     const uint32_t ph = (uint32_t)((g / STAGES) & 1);
                     const int v = SM90B_UNIT(it);
-                    const int qh = qh0 + v / nm, m0 = (m_min + v % nm) * BM;
+                    const int qh = SM90B_QH0 + v / SM90B_NM, m0 = (SM90B_MMIN + v % SM90B_NM) * BM;
                     const uint32_t sq_t = sbase + L::Q_OFF + s * L::QT_BYTES;
                     const uint32_t sdo_t = sbase + L::DO_OFF + s * L::QT_BYTES;
                     const float *vec = (const float *)(smem + L::VEC_OFF + s * L::VEC_BYTES);
@@ -980,7 +1050,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         need_mask = kw0 + 64 > SM90B_LEN_K || (p.has_left && dmin < -(long long)p.left) ||
                                     (p.has_right && dmax > p.right);
                     } else {
-                        need_mask = SM90B_KW0 + 64 > SM90B_LEN_K || (!PST && p.causal && kw0 + 63 > m0 + coff);
+                        need_mask = SM90B_KW0 + 64 > SM90B_LEN_K || (p.causal && SM90B_KW0 + 63 > m0 + coff);
                     }
                     /* Feature kernel, per score of register j: its ALiBi distance i + off - key,
                      * and whether the band hides it. */
@@ -1186,9 +1256,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      * not yet read, two blocks back). */
                     if constexpr (D == 64) {
                         const uint32_t pbuf = sbase + L::DQ_OFF + (g & 1) * L::DQ_BYTES + t * 16;
-                        sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64>(dqa, pbuf, c, g & 1, g >= 2, it + 2 < n_iter,
-                                                                     (uint32_t)(((g >> 1) + 1) & 1), &dq_full[g & 1],
-                                                                     &dq_empty[g & 1]);
+                        sm90b_dq_pair_sum<(bool)FC_SM90B_DQ_BULK64, (bool)PST>(
+                            dqa, pbuf, c, g & 1, g >= 2, it + 2 < n_iter, (uint32_t)(((g >> 1) + 1) & 1), &dq_full[g & 1],
+                            &dq_empty[g & 1], PST ? &SM90B_HDR(g & 1) : nullptr, PST ? SM90B_PST_ROW(qh, m0) : 0);
                     }
                     /* dQ unit c (d64: the consumers' sum, from consumer 1) into the accumulator,
                      * fragment order (LAG: not the first iterations' repeats) */
@@ -1251,8 +1321,18 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #undef SM90B_KW0
 #undef SM90B_EHK
 #undef SM90B_ETB
+#undef SM90B_QH0
+#undef SM90B_MMIN
+#undef SM90B_NM
+#undef SM90B_NITER
+#undef SM90B_PST_ROW
 #undef SM90B_TILE_S
-#undef SM90B_HAS_TILE
+#undef SM90B_HDR
+#undef SM90B_SLOT_NB
+#undef SM90B_SLOT_HK
+#undef SM90B_SLOT_B
+#undef SM90B_SLOT_QH0
+#undef SM90B_SLOT_G0
 #undef SM90B_ADD_DQ
 #undef SM90B_UNIT
 #undef SM90B_DET_RANK
@@ -1396,7 +1476,7 @@ size_t fc_sm90_backward_smem_bytes(int head_dim)
 /* Padded lengths and the workspace carve-up, each part 256-byte aligned. */
 typedef struct sm90_bwd_ws {
     int bm, m_blocks, sqr;
-    size_t lse2_off, delta_off, acc_off, sem_off, kv_off, total;
+    size_t lse2_off, delta_off, acc_off, sem_off, kv_off, counter_off, total;
 } sm90_bwd_ws;
 
 static size_t sm90b_align(size_t x)
@@ -1453,13 +1533,16 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
 }
 
 /* CTAs of the persistent grid (FC_SM90B_PERSIST) for the plain fixed-length kernel, or 0 for
- * one CTA per tile: a causal grid's tiles differ in length and would be shared unequally by a
- * fixed walk, and deterministic mode's turns rely on each key block's CTA running once the
- * ones before it have started. One CTA per SM, where there are more tiles than SMs;
- * FLASHC_SM90B_CTAS=n forces n outside those two cases, for tests and comparisons. */
+ * one CTA per tile. Without a mask every tile is as long, so each CTA walks every gridDim.x-th;
+ * under a bottom-right causal mask the CTAs take the tiles in dispatch order from a counter as
+ * they free up. Not top-left causal (whose last key blocks may see no query at all), nor
+ * deterministic mode, whose turns rely on each key block's CTA running once the ones before
+ * it have started. One CTA per SM, where there are more tiles than SMs; FLASHC_SM90B_CTAS=n
+ * forces n, for tests and comparisons. */
 static int sm90b_persistent_ctas(const fc_sm90_bwd_args *a, int64_t tiles)
 {
-    if (!FC_SM90B_PERSIST || a->causal || a->deterministic || tiles >= 0x7fffffff || a->num_sms <= 0) return 0;
+    if (!FC_SM90B_PERSIST || a->causal == 2 || a->deterministic || tiles >= 0x7fffffff - 65536 || a->num_sms <= 0)
+        return 0;
     static const long forced = sm90_env_long("FLASHC_SM90B_CTAS", 0);
     if (forced >= 1) return (int)(forced < tiles ? forced : tiles);
     return tiles > a->num_sms ? a->num_sms : 0;
@@ -1485,7 +1568,9 @@ static sm90_bwd_ws sm90b_workspace(const fc_sm90_bwd_args *a)
     w.kv_off = w.sem_off + (a->deterministic ? sm90b_align((size_t)a->batch * a->heads_q * w.m_blocks * 2 * 4) : 0);
     /* the fp32 dK and dV of a split GQA group: 2 x seqlen_k x heads_kv x head_dim floats */
     const int split = sm90b_group_split(a) > 1;
-    w.total = w.kv_off + (split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
+    w.counter_off = w.kv_off + (split ? 2 * sm90b_align((size_t)a->batch * a->seqlen_k * a->heads_kv * a->head_dim * 4) : 0);
+    /* the persistent causal grid's tile counter */
+    w.total = w.counter_off + (FC_SM90B_PERSIST ? 256 : 0);
     return w;
 }
 
@@ -1654,6 +1739,11 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     if (ctas > 0) {
         if constexpr (FEAT == 0 && FC_SM90B_PERSIST) {
             p.tiles = (int)((int64_t)k_blocks * grid.y * seqs), p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
+            if (p.causal) {
+                p.tile_counter = (int *)(ws + w->counter_off);
+                err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+                if (err != cudaSuccess) return err;
+            }
             const uint32_t smem_p = sm90_bwd_layout<D, BM, 1>::TOTAL;
             err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem_p);
