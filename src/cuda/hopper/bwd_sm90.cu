@@ -705,7 +705,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int n_iter = nm * heads_cta;
     /* The CTA's it-th (query head, query block): its walk starts at unit nb x det_stride
      * (d128 in deterministic mode without a mask, sm90b_det_rank), else at unit 0. */
-#define SM90B_UNIT(it_) (D == 128 && p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
+#define SM90B_UNIT(it_) (!PST && D == 128 && p.det_stride ? ((it_) + (int)blockIdx.x * p.det_stride) % n_iter : (it_))
     /* Deterministic mode: this key block's turn (sm90b_det_rank) on the dQ unit of block row
      * m0_, the CTA's it_-th. With a left window edge the key blocks that reach this query block
      * start at the one holding its first row's first key, not at 0 (the visitors are a
