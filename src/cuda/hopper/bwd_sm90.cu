@@ -327,7 +327,8 @@ struct sm90_bwd_layout {
      * HDR_OFF: the workspace row of the dQ unit in each hand-over buffer (int64, -1: the end) */
     static constexpr uint32_t SEQ_OFF = BAR_OFF + BARS * 8;
     static constexpr uint32_t HDR_OFF = SEQ_OFF + 64;
-    static constexpr uint32_t TOTAL = SEQ_OFF + (PST ? 64 + 16 : 32) + 1024; /* + alignment slack */
+    static constexpr uint32_t PSLOT_OFF = HDR_OFF + 16; /* PST: the producer's own copy of its tile */
+    static constexpr uint32_t TOTAL = SEQ_OFF + (PST ? 64 + 16 + 32 : 32) + 1024; /* + alignment slack */
     static_assert(TOTAL <= 232448, "more shared memory than an sm_90 block may have");
 };
 
@@ -742,9 +743,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
     if (wg == 0) {
         /* ---------------- producer ---------------- */
-        /* PST: the tile walk's coordinates and counts need more than 24; 32 x 128 + 240 x 256
-         * is still the whole register file */
-        sm90_setmaxnreg_dec<PST ? 32 : SM90B_PRODUCER_REGS>();
+        sm90_setmaxnreg_dec<SM90B_PRODUCER_REGS>();
         if (warp == 0 && sm90_elect_one() && n_iter > 0) {
             sm90_tma_prefetch_desc(&tm_q);
             sm90_tma_prefetch_desc(&tm_k);
@@ -771,6 +770,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 const int t_iter = PST && p.causal ? t_nm * heads_cta : n_iter;
                 const int n0 = tl.nb * BN, hk = tl.hk, b = tl.b, qh0 = tl.qh0;
                 const int m_min = t_min, nm = t_nm, n_iter = t_iter;
+                /* PST: the tile's values the stage loop needs, kept in shared memory and read
+                 * per block, since the producer's 24 registers cannot hold them across it */
+#define SM90B_PT(i_, own_) (PST ? ((volatile int *)(smem + L::PSLOT_OFF))[i_] : (own_))
+                if (PST) {
+                    volatile int *pt = (volatile int *)(smem + L::PSLOT_OFF);
+                    pt[0] = qh0, pt[1] = b, pt[2] = m_min, pt[3] = nm, pt[4] = n_iter, pt[5] = next;
+                }
                 /* K and V, and (PST) the tile's slot for the consumers; a later tile's once the
                  * consumers have released the last one's */
 #define SM90B_LOAD_KV()                                                                                          \
@@ -814,19 +820,25 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 } else {
                     SM90B_LOAD_KV();
                 }
-                for (int it = PST && k > 0 ? 1 : 0; it < n_iter; it++) SM90B_LOAD_STAGE(it);
-                if (PST && next < p.tiles) {
+                for (int it = PST && k > 0 ? 1 : 0; it < SM90B_PT(4, n_iter); it++) {
+                    const int qh0 = SM90B_PT(0, tl.qh0), b = SM90B_PT(1, tl.b);
+                    const int m_min = SM90B_PT(2, t_min), nm = SM90B_PT(3, t_nm);
+                    SM90B_LOAD_STAGE(it);
+                }
+                const int next_t = SM90B_PT(5, next);
+                if (PST && next_t < p.tiles) {
                     /* the next tile's K and V into L2 while the consumers are on this tile's last
                      * blocks, to be there when this tile's are released */
-                    const sm90b_tile nx = sm90b_tile_of(p, next);
+                    const sm90b_tile nx = sm90b_tile_of(p, next_t);
 #pragma unroll
                     for (int pn = 0; pn < PANELS; pn++) {
                         sm90_tma_prefetch_4d(&tm_k, pn * 64, nx.nb * BN, nx.hk, nx.b);
                         sm90_tma_prefetch_4d(&tm_v, pn * 64, nx.nb * BN, nx.hk, nx.b);
                     }
                 }
-                g0 += n_iter, tile = next;
+                g0 += SM90B_PT(4, n_iter), tile = next_t;
             }
+#undef SM90B_PT
 #undef SM90B_LOAD_STAGE
 #undef SM90B_LOAD_KV
         } else if (PST && warp == 1 && sm90_elect_one()) {
