@@ -4,7 +4,8 @@
 #   test_gpu          forward and backward over the full grid, with the kernels the device
 #                     picks (wgmma on sm_90) and again with the mma.sync kernels forced;
 #   test_gpu_decode   KV-cache decode and the LSE merge;
-#   on sm_90, the standalone checks of the Hopper forward and backward (tests/gpu/hopper);
+#   on sm_90, the standalone checks of the Hopper forward and backward (tests/gpu/hopper), and
+#   of the backward built with its persistent grid (FC_SM90B_PERSIST, off by default);
 #   compute-sanitizer memcheck, racecheck and synccheck on the small shapes that reach every
 #   kernel (the Hopper ones with few CTAs, so each walks many tiles);
 # and prints one line per step and a summary. Usage: tests/gpu/run.sh [--no-sanitizer | --sanitizer-only]
@@ -78,6 +79,13 @@ if [ $hopper = 1 ]; then
         [ "$mode" = "--sanitizer-only" ] || step "check_fwd_sm90" check_fwd_sm90.log timeout 300 "$HB/check_fwd_sm90" --check-only
         [ "$mode" = "--sanitizer-only" ] || step "check_fwd_sm90, 3 CTAs" check_fwd_sm90_3.log env FLASHC_SM90_CTAS=3 timeout 200 "$HB/check_fwd_sm90" --small
         [ "$mode" = "--sanitizer-only" ] || step "check_bwd_sm90" check_bwd_sm90.log timeout 300 "$HB/check_bwd_sm90" --check-only
+        # the persistent backward (FC_SM90B_PERSIST, off by default), three CTAs walking every
+        # case's tiles
+        if [ -x "$HB/persist/check_bwd_sm90" ] || FC_NVCC_FLAGS=-DFC_SM90B_PERSIST=1 \
+            sh "$ROOT/tests/gpu/hopper/build_bwd.sh" "$HB/persist" >>"$LOGS/hopper_build.log" 2>&1; then
+            [ "$mode" = "--sanitizer-only" ] || step "check_bwd_sm90, persistent, 3 CTAs" check_bwd_sm90_persist.log \
+                env FLASHC_SM90B_CTAS=3 FLASHC_HANG_SECONDS=10 timeout 300 "$HB/persist/check_bwd_sm90" --check-only
+        fi
     else
         tail -n 20 "$LOGS/hopper_build.log"
         summary="$summary

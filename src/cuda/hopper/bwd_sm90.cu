@@ -151,16 +151,18 @@
 #define FC_SM90B_PINGPONG 0
 #endif
 
-/* A persistent grid for the plain fixed-length kernel without a mask, outside deterministic
- * mode (PST): one CTA per SM, each walking the tiles (key block, kv head, batch) blockIdx.x,
- * + gridDim.x, ... in the order the one-CTA-per-tile grid would dispatch them. The Q/dO ring
- * and the dS and dQ buffers run on across tiles; a CTA's next tile's first Q and dO load while
- * it finishes the last one, its K and V once the consumers have released the last tile's
- * (kv_empty) and, fetched into L2 a few query blocks before, from there, so that they overlap
- * the dK and dV stores instead of following them. The tile's coordinates pass to the
- * consumers through shared memory (two slots, by tile parity), read where used, so that they
- * hold no registers across the key loop. FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs
- * walk many tiles). */
+/* A persistent grid for the plain fixed-length kernel outside deterministic mode, without a
+ * mask or with a bottom-right causal one (PST): one CTA per SM, walking the tiles (key block,
+ * kv head, batch) in the order the one-CTA-per-tile grid would dispatch them: every
+ * gridDim.x-th without a mask, taken from a counter as CTAs free up under the causal mask. The
+ * Q/dO ring and the dS and dQ buffers run on across tiles; a CTA's next tile's first Q and dO
+ * load while it finishes the last one, its K and V once the consumers have released the last
+ * tile's (kv_empty) and, fetched into L2 before, from there, so that they overlap the dK and dV
+ * stores instead of following them. The tile's coordinates pass to the consumers through
+ * shared memory (two slots, by tile parity), read where used, so that they hold no registers
+ * across the key loop; each dQ hand-over tells the reducing warp its workspace row. Off: not
+ * yet measured (docs/PERF.md, "A persistent backward, coordinates in shared memory").
+ * FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs walk many tiles). */
 #ifndef FC_SM90B_PERSIST
 #define FC_SM90B_PERSIST 0
 #endif
