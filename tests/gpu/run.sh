@@ -81,7 +81,7 @@ if [ $hopper = 1 ]; then
         [ "$mode" = "--sanitizer-only" ] || step "check_bwd_sm90" check_bwd_sm90.log timeout 300 "$HB/check_bwd_sm90" --check-only
         # the persistent backward (FC_SM90B_PERSIST, off by default), three CTAs walking every
         # case's tiles
-        if [ -x "$HB/persist/check_bwd_sm90" ] || FC_NVCC_FLAGS=-DFC_SM90B_PERSIST=1 \
+        if { [ $prebuilt = 1 ] && [ -x "$HB/persist/check_bwd_sm90" ]; } || FC_NVCC_FLAGS=-DFC_SM90B_PERSIST=1 \
             sh "$ROOT/tests/gpu/hopper/build_bwd.sh" "$HB/persist" >>"$LOGS/hopper_build.log" 2>&1; then
             [ "$mode" = "--sanitizer-only" ] || step "check_bwd_sm90, persistent, 3 CTAs" check_bwd_sm90_persist.log \
                 env FLASHC_SM90B_CTAS=3 FLASHC_HANG_SECONDS=10 timeout 300 "$HB/persist/check_bwd_sm90" --check-only

@@ -849,12 +849,13 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
              * the walk */
             constexpr int UNITS = D == 128 ? 2 : 1;
             for (int g = 0;; g++) {
-                for (int u = 0; u < UNITS; u++)
-                    sm90_mbar_wait(&dq_full[D == 128 ? u : (g & 1)], D == 128 ? (g & 1) : ((g >> 1) & 1));
+                /* the first unit's header (d128: consumer 0's; both carry the same row) */
+                sm90_mbar_wait(&dq_full[D == 128 ? 0 : (g & 1)], D == 128 ? (g & 1) : ((g >> 1) & 1));
                 const int64_t row = SM90B_HDR(D == 128 ? 0 : (g & 1));
                 if (row < 0) break;
                 for (int u = 0; u < UNITS; u++) {
                     const int buf = D == 128 ? u : (g & 1);
+                    if (u > 0) sm90_mbar_wait(&dq_full[buf], (uint32_t)(g & 1));
                     sm90_bulk_reduce_add_f32(p.dq_acc + row * D + u * (BM * 64), sbase + L::DQ_OFF + buf * L::DQ_BYTES,
                                              L::DQ_BYTES);
                 }
@@ -1558,7 +1559,8 @@ static int sm90b_persistent_ctas(const fc_sm90_bwd_args *a, int64_t tiles)
     if (!FC_SM90B_PERSIST || a->causal == 2 || a->deterministic || tiles >= 0x7fffffff - 65536 || a->num_sms <= 0)
         return 0;
     static const long forced = sm90_env_long("FLASHC_SM90B_CTAS", 0);
-    if (forced >= 1) return (int)(forced < tiles ? forced : tiles);
+    /* at most 65536 CTAs, so that a tile index plus the grid stays an int */
+    if (forced >= 1) return (int)(forced < tiles ? (forced < 65536 ? forced : 65536) : tiles);
     return tiles > a->num_sms ? a->num_sms : 0;
 }
 
@@ -1747,11 +1749,13 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
     dim3 grid(k_blocks, a->heads_kv * p.hsplit, seqs);
+    /* the persistent kernel runs on the default hand-over (no lag, no turns, bulk dQ) */
+    constexpr bool PST_OK = FEAT == 0 && FC_SM90B_PERSIST && (D != 128 || FC_SM90B_DS_LAG == 0) && FC_SM90B_DQ_BULK &&
+                            FC_SM90B_DQ_BULK64;
     int ctas = 0;
-    if constexpr (FEAT == 0 && FC_SM90B_PERSIST)
-        ctas = sm90b_persistent_ctas(a, (int64_t)k_blocks * grid.y * seqs);
+    if constexpr (PST_OK) ctas = sm90b_persistent_ctas(a, (int64_t)k_blocks * grid.y * seqs);
     if (ctas > 0) {
-        if constexpr (FEAT == 0 && FC_SM90B_PERSIST) {
+        if constexpr (PST_OK) {
             p.tiles = (int)((int64_t)k_blocks * grid.y * seqs), p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
             if (p.causal) {
                 p.tile_counter = (int *)(ws + w->counter_off);
