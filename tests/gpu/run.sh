@@ -85,6 +85,10 @@ if [ $hopper = 1 ]; then
             sh "$ROOT/tests/gpu/hopper/build_bwd.sh" "$HB/persist" >>"$LOGS/hopper_build.log" 2>&1; then
             [ "$mode" = "--sanitizer-only" ] || step "check_bwd_sm90, persistent, 3 CTAs" check_bwd_sm90_persist.log \
                 env FLASHC_SM90B_CTAS=3 FLASHC_HANG_SECONDS=10 timeout 300 "$HB/persist/check_bwd_sm90" --check-only
+        else
+            summary="$summary
+    Hopper persistent backward check: build failed ($LOGS/hopper_build.log)"
+            failed=1
         fi
     else
         tail -n 20 "$LOGS/hopper_build.log"

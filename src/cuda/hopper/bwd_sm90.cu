@@ -166,6 +166,10 @@
 #ifndef FC_SM90B_PERSIST
 #define FC_SM90B_PERSIST 0
 #endif
+/* Whether the persistent kernel is built for head dim D: it runs on the default dQ hand-over
+ * (no lag, no turns, bulk reductions); otherwise every launch keeps one CTA per tile. */
+#define SM90B_PST_BUILT(D)                                                                         \
+    (FC_SM90B_PERSIST && ((D) != 128 || FC_SM90B_DS_LAG == 0) && FC_SM90B_DQ_BULK && FC_SM90B_DQ_BULK64)
 
 /* A varlen batch without window, softcap, ALiBi or dropout on the plain kernel's code with
  * per-sequence bounds (FEAT 3) rather than the feature kernel's (FEAT 2); 0 keeps FEAT 2 for
@@ -625,7 +629,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     uint64_t *kv_empty = bars + L::BARS - 1; /* PST: the consumers are done with K and V */
-    static_assert(!PST || (FEAT == 0 && LAG == 0 && !PINGPONG && FC_SM90B_DQ_BULK && FC_SM90B_DQ_BULK64),
+    static_assert(!PST || (FEAT == 0 && SM90B_PST_BUILT(D) && LAG == 0 && !PINGPONG),
                   "the persistent grid runs on the plain kernel's bulk dQ hand-over");
     /* dQ units through shared memory and bulk reductions (d64: the pair's sum; in
      * deterministic mode the reducing warp takes the semaphore turns, so that the consumers
@@ -1749,14 +1753,13 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     /* Key blocks ascending along x: with the in-order dispatch of CTAs, the block a
      * deterministic-mode semaphore waits for was started before the waiting one. */
     dim3 grid(k_blocks, a->heads_kv * p.hsplit, seqs);
-    /* the persistent kernel runs on the default hand-over (no lag, no turns, bulk dQ) */
-    constexpr bool PST_OK = FEAT == 0 && FC_SM90B_PERSIST && (D != 128 || FC_SM90B_DS_LAG == 0) && FC_SM90B_DQ_BULK &&
-                            FC_SM90B_DQ_BULK64;
+    constexpr bool PST_OK = FEAT == 0 && SM90B_PST_BUILT(D);
+    const int64_t tiles = (int64_t)k_blocks * grid.y * seqs;
     int ctas = 0;
-    if constexpr (PST_OK) ctas = sm90b_persistent_ctas(a, (int64_t)k_blocks * grid.y * seqs);
+    if constexpr (PST_OK) ctas = sm90b_persistent_ctas(a, tiles);
     if (ctas > 0) {
         if constexpr (PST_OK) {
-            p.tiles = (int)((int64_t)k_blocks * grid.y * seqs), p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
+            p.tiles = (int)tiles, p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
             if (p.causal) {
                 p.tile_counter = (int *)(ws + w->counter_off);
                 err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
