@@ -163,6 +163,13 @@
  * across the key loop; each dQ hand-over tells the reducing warp its workspace row. Off: not
  * yet measured (docs/PERF.md, "A persistent backward, coordinates in shared memory").
  * FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs walk many tiles). */
+/* PST: 1 takes the next tile when the current one starts (and, without a mask, at a fixed
+ * stride), 0 when the current one's last loads are issued, from the counter in either case:
+ * a CTA that reserves its next tile a whole tile ahead can leave that tile waiting while
+ * other CTAs run out of work (under test; see docs/PERF.md). */
+#ifndef SM90B_PST_EARLY_NEXT
+#define SM90B_PST_EARLY_NEXT 0
+#endif
 #ifndef FC_SM90B_PERSIST
 #define FC_SM90B_PERSIST 0
 #endif
@@ -642,10 +649,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     const int qh0 = hk * p.group + (blockIdx.y % p.hsplit) * heads_cta; /* the first of them */
     const int n0 = nb * BN;
     /* PST: the k-th tile's slot, written by the producer before the tile's kv_full arrival and
-     * read by the consumers at each use, past the barriers (so that it holds no register
-     * across the key loop): its key block (-1: the walk has ended), kv head, batch, first query
-     * head, and the blocks the CTA walked before it (the running count of the Q/dO ring and
-     * the dS and dQ buffers). */
+     * read by the consumers once that has completed: its key block (-1: the walk has ended),
+     * kv head, batch, first query head, and the blocks the CTA walked before it (the running
+     * count of the Q/dO ring and the dS and dQ buffers). */
 #define SM90B_SLOT_NB 0
 #define SM90B_SLOT_HK 1
 #define SM90B_SLOT_B 2
@@ -769,8 +775,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 /* this tile's coordinates and query blocks, in the names of the CTA's */
                 const sm90b_tile tl = PST ? sm90b_tile_of(p, tile) : sm90b_tile{nb, hk, b, qh0};
+#if SM90B_PST_EARLY_NEXT
                 const int next = !PST ? 0 : p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
                                                             : tile + (int)gridDim.x;
+#else
+                const int next = 0;
+#endif
                 const int t_min = PST && p.causal ? max(tl.nb * BN - p.causal_offset, 0) / BM : m_min;
                 const int t_nm = PST && p.causal ? p.m_blocks - t_min : nm;
                 const int t_iter = PST && p.causal ? t_nm * heads_cta : n_iter;
@@ -781,7 +791,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90B_PT(i_, own_) (PST ? ((volatile int *)(smem + L::PSLOT_OFF))[i_] : (own_))
                 if (PST) {
                     volatile int *pt = (volatile int *)(smem + L::PSLOT_OFF);
-                    pt[0] = qh0, pt[1] = b, pt[2] = m_min, pt[3] = nm, pt[4] = n_iter, pt[5] = next;
+                    pt[0] = qh0, pt[1] = b, pt[2] = m_min, pt[3] = nm, pt[4] = n_iter, pt[5] = SM90B_PST_EARLY_NEXT ? next : tile;
                 }
                 /* K and V, and (PST) the tile's slot for the consumers; a later tile's once the
                  * consumers have released the last one's */
@@ -831,7 +841,12 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     const int m_min = SM90B_PT(2, t_min), nm = SM90B_PT(3, t_nm);
                     SM90B_LOAD_STAGE(it);
                 }
+#if SM90B_PST_EARLY_NEXT
                 const int next_t = SM90B_PT(5, next);
+#else
+                const int next_t = !PST ? 0 : p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
+                                                              : SM90B_PT(5, tile) + (int)gridDim.x;
+#endif
                 if (PST && next_t < p.tiles) {
                     /* the next tile's K and V into L2 while the consumers are on this tile's last
                      * blocks, to be there when this tile's are released */
@@ -912,16 +927,17 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int t = tid - 128 * wg; /* thread within the warpgroup */
         const int kw0 = n0 + 64 * c;  /* first key of this consumer */
         /* PST: the tile's first key of this consumer, kv head, batch and first query head, and
-         * its query blocks (causal: from its first key), from its slot */
-#define SM90B_KW0 (PST ? SM90B_TILE_S(SM90B_SLOT_NB) * BN + 64 * c : kw0)
-#define SM90B_EHK (PST ? SM90B_TILE_S(SM90B_SLOT_HK) : hk)
-#define SM90B_ETB (PST ? SM90B_TILE_S(SM90B_SLOT_B) : SM90B_TB)
-#define SM90B_QH0 (PST ? SM90B_TILE_S(SM90B_SLOT_QH0) : qh0)
-#define SM90B_MMIN (PST && p.causal ? max(SM90B_TILE_S(SM90B_SLOT_NB) * BN - p.causal_offset, 0) / BM : m_min)
-#define SM90B_NM (PST && p.causal ? p.m_blocks - SM90B_MMIN : nm)
+         * its query blocks (causal: from its first key), from the tile's values read at its
+         * start (tile_*, below) */
+#define SM90B_KW0 (PST ? tile_nb * BN + 64 * c : kw0)
+#define SM90B_EHK (PST ? tile_hk : hk)
+#define SM90B_ETB (PST ? tile_b : SM90B_TB)
+#define SM90B_QH0 (PST ? tile_qh0 : qh0)
+#define SM90B_MMIN (PST && p.causal ? tile_mmin : m_min)
+#define SM90B_NM (PST && p.causal ? p.m_blocks - tile_mmin : nm)
 #define SM90B_NITER (PST && p.causal ? SM90B_NM * heads_cta : n_iter)
         /* PST: the workspace row of (query head qh_, block row m0_) of the tile */
-#define SM90B_PST_ROW(qh_, m0_) (((int64_t)SM90B_TILE_S(SM90B_SLOT_B) * p.heads_q + (qh_)) * p.sqr + (m0_))
+#define SM90B_PST_ROW(qh_, m0_) (((int64_t)tile_b * p.heads_q + (qh_)) * p.sqr + (m0_))
         const int kr_l = (warp & 3) * 16 + (lane >> 2); /* this thread's key rows: +0, +8 */
         const int qc_l = 2 * (lane & 3);                /* its query columns: 8g + qc_l + {0, 1} */
         /* d128: consumer c computes head-dim panel c of the block's dQ over all 128 keys
@@ -942,13 +958,20 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      p.deterministic ? SM90B_DET_RANK(m0, j) : 0, c, t);                            \
     } while (0)
         for (int k = 0; PST || k < 1; k++) {
+            /* PST: the tile's slot, read once and broadcast from lane 0, so that the compiler
+             * knows the values are the warp's (uniform registers: the descriptors and stage
+             * addresses computed from them stay on the uniform datapath, as they do from the
+             * CTA's own coordinates; read at each use instead, they cost the key loop a fifth
+             * more instructions) */
+            if (PST) sm90_mbar_wait(kv_full, (uint32_t)(k & 1));
+            const int tile_nb = PST ? sm90_warp_uniform(SM90B_TILE_S(SM90B_SLOT_NB)) : 0;
+            const int tile_g0 = PST ? sm90_warp_uniform(SM90B_TILE_S(SM90B_SLOT_G0)) : 0;
             if (PST) {
-                sm90_mbar_wait(kv_full, (uint32_t)(k & 1));
-                if (SM90B_TILE_S(SM90B_SLOT_NB) < 0) {
+                if (tile_nb < 0) {
                     /* the end of the walk: a last hand-over with the row -1 tells the reducing
                      * warp (d128: in each consumer's buffer; d64: consumer 1's, in the next
                      * buffer of the pair sum, once the reducer has read it) */
-                    const int g = SM90B_TILE_S(SM90B_SLOT_G0);
+                    const int g = tile_g0;
                     if (D == 128 || c == 1) {
                         const int buf = D == 128 ? c : (g & 1);
                         if (D == 128 && g > 0) sm90_mbar_wait(&dq_empty[c], (uint32_t)((g - 1) & 1));
@@ -959,6 +982,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     break;
                 }
             }
+            const int tile_hk = PST ? sm90_warp_uniform(SM90B_TILE_S(SM90B_SLOT_HK)) : 0;
+            const int tile_b = PST ? sm90_warp_uniform(SM90B_TILE_S(SM90B_SLOT_B)) : 0;
+            const int tile_qh0 = PST ? sm90_warp_uniform(SM90B_TILE_S(SM90B_SLOT_QH0)) : 0;
+            const int tile_mmin = PST && p.causal ? max(tile_nb * BN - p.causal_offset, 0) / BM : 0;
             float dv[D / 2], dk[D / 2];
 #pragma unroll
             for (int j = 0; j < D / 2; j++) dv[j] = 0.f, dk[j] = 0.f;
@@ -1017,7 +1044,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 for (int it = 0; it < SM90B_NITER; it++) {
                     /* the ring's and the buffers' running count */
-                    const int g = PST ? SM90B_TILE_S(SM90B_SLOT_G0) + it : it;
+                    const int g = PST ? tile_g0 + it : it;
                     const int s = g % STAGES;
                     const uint32_t ph = (uint32_t)((g / STAGES) & 1);
                     const int v = SM90B_UNIT(it);
@@ -1760,7 +1787,7 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     if (ctas > 0) {
         if constexpr (PST_OK) {
             p.tiles = (int)tiles, p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
-            if (p.causal) {
+            if (p.causal || !SM90B_PST_EARLY_NEXT) {
                 p.tile_counter = (int *)(ws + w->counter_off);
                 err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
                 if (err != cudaSuccess) return err;
