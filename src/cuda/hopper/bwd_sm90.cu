@@ -426,14 +426,14 @@ __global__ void __launch_bounds__(SM90B_PRE_THREADS) fc_sm90_bwd_pre(const sm90_
 
 /* Issues d = A B^T over the head dim, D / 16 wgmmas: A is 64 rows of a [BN][D] tile (K or V),
  * B the [BM][D] tile (Q or dO), both K-major in 64-column panels. */
-template <int D, int BM, int BF16>
+template <int D, int BM, int BF16, bool STEP>
 static __device__ __forceinline__ void sm90b_issue_kt(float (&d)[BM / 2], uint32_t a_rows, uint32_t b_tile)
 {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t koff = (kk & 3) * 32;
-        const uint64_t da = sm90_desc_kmajor(a_rows + (kk >> 2) * (SM90B_BN * 128) + koff);
-        const uint64_t db = sm90_desc_kmajor(b_tile + (kk >> 2) * (BM * 128) + koff);
+        const uint64_t da = sm90_desc_kmajor<STEP>(a_rows, (kk >> 2) * (SM90B_BN * 128), koff);
+        const uint64_t db = sm90_desc_kmajor<STEP>(b_tile, (kk >> 2) * (BM * 128), koff);
         sm90_wgmma_ss<BM, BF16, 0>(d, da, db, kk > 0);
     }
     sm90_wgmma_commit();
@@ -462,19 +462,19 @@ static __device__ __forceinline__ void sm90b_issue_kt_rs(float (&d)[BM / 2], con
 {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-        sm90_wgmma_rs<BM, BF16, 0>(d, a[kk], sm90_desc_kmajor(b_tile + kk * 32), kk > 0);
+        sm90_wgmma_rs<BM, BF16, 0>(d, a[kk], sm90_desc_kmajor(b_tile, kk * 32), kk > 0);
     sm90_wgmma_commit();
 }
 
 /* Issues acc += A^T X over the BM queries, A^T from registers (the packed S^T or dS^T
  * accumulator), X a [BM][D] tile (dO or Q) read MN-major. */
-template <int D, int BM, int BF16>
+template <int D, int BM, int BF16, bool STEP>
 static __device__ __forceinline__ void sm90b_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[BM / 16][4],
                                                       uint32_t x_tile)
 {
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
-        const uint64_t db = sm90_desc_mnmajor(x_tile + kk * 16 * 128, BM * 128);
+        const uint64_t db = sm90_desc_mnmajor<STEP>(x_tile, BM * 128, kk * 16 * 128);
         sm90_wgmma_rs<D, BF16, 1>(acc, a[kk], db, 1);
     }
 }
@@ -634,6 +634,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr int LAG = L::LAG, NDS = L::DS_BUFS;
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
+    /* wgmma descriptors stepped from each operand's first (sm90_desc_step), except in the d128
+     * feature kernel, where ptxas then spills */
+    constexpr bool DESC_STEP = FC_SM90_DESC_STEP && !(D == 128 && FEAT == 1);
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     uint64_t *kv_empty = bars + L::BARS - 1; /* PST: the consumers are done with K and V */
     static_assert(!PST || (FEAT == 0 && SM90B_PST_BUILT(D) && LAG == 0 && !PINGPONG),
@@ -994,11 +997,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
              * DQ_T, K panel pb read as an M-major A times dS^T (the same tile as a K-major B). */
 #define SM90B_ISSUE_DQ(buf_)                                                                          \
     do {                                                                                              \
-        const uint32_t dsb_ = (buf_);                                                                 \
         _Pragma("unroll") for (int k_ = 0; k_ < KQ; k_++) {                                           \
             const int kk_ = D == 128 ? k_ : 4 * c + k_; /* 16-key step within the block */            \
-            const uint64_t ds_ = sm90_desc_kmajor(dsb_ + (kk_ >> 2) * (BM * 128) + (kk_ & 3) * 32);    \
-            const uint64_t k_desc_ = sm90_desc_mnmajor(sK + pb * (BN * 128) + kk_ * 16 * 128, BN * 128); \
+            const uint64_t ds_ = sm90_desc_kmajor<DESC_STEP>((buf_), (kk_ >> 2) * (BM * 128), (kk_ & 3) * 32); \
+            const uint64_t k_desc_ = sm90_desc_mnmajor<DESC_STEP>(sK, BN * 128, pb * (BN * 128), kk_ * 16 * 128); \
             if constexpr (DQ_T)                                                                       \
                 sm90_wgmma_ss<BM, BF16, 0, 1>(dqa, k_desc_, ds_, k_ > 0);                             \
             else                                                                                      \
@@ -1071,8 +1073,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                         sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
                         sm90b_issue_kt_rs<BM, BF16>(dp, vfrag, sdo_t);
                     } else {
-                        sm90b_issue_kt<D, BM, BF16>(sc, sK + 64 * c * 128, sq_t);
-                        sm90b_issue_kt<D, BM, BF16>(dp, sV + 64 * c * 128, sdo_t);
+                        sm90b_issue_kt<D, BM, BF16, DESC_STEP>(sc, sK + 64 * c * 128, sq_t);
+                        sm90b_issue_kt<D, BM, BF16, DESC_STEP>(dp, sV + 64 * c * 128, sdo_t);
                     }
                     sm90_fence_regs(sc);
                     sm90_fence_regs(dp);
@@ -1266,8 +1268,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
                     sm90_wgmma_fence();
                     if constexpr (!DQ_FIRST) {
-                        sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
-                        sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                        sm90b_issue_rs<D, BM, BF16, DESC_STEP>(dv, pf, sdo_t);
+                        sm90b_issue_rs<D, BM, BF16, DESC_STEP>(dk, dsf, sq_t);
                         sm90_wgmma_commit();
                     }
                     SM90B_ISSUE_DQ(LAG ? sbase + L::DS_OFF + (dq_blk % NDS) * L::DS_BYTES : sds);
@@ -1275,8 +1277,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      * products the leader hands over once more, for the follower's last turn */
                     if (PINGPONG && c == 0 && it == n_iter - 1) sm90_bar_arrive(SM90B_BAR_TURN0 + 1, 256);
                     if constexpr (DQ_FIRST) {
-                        sm90b_issue_rs<D, BM, BF16>(dv, pf, sdo_t);
-                        sm90b_issue_rs<D, BM, BF16>(dk, dsf, sq_t);
+                        sm90b_issue_rs<D, BM, BF16, DESC_STEP>(dv, pf, sdo_t);
+                        sm90b_issue_rs<D, BM, BF16, DESC_STEP>(dk, dsf, sq_t);
                         sm90_wgmma_commit();
                     }
                     sm90_fence_regs(dv);

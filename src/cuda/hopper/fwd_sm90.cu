@@ -418,8 +418,8 @@ static __device__ __forceinline__ void sm90_issue_qk(float (&s)[BN / 2], uint32_
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t koff = (kk & 3) * 32;
-        const uint64_t da = sm90_desc_kmajor(q_rows + (kk >> 2) * (BM * 128) + koff);
-        const uint64_t db = sm90_desc_kmajor(k_tile + (kk >> 2) * (BN * 128) + koff);
+        const uint64_t da = sm90_desc_kmajor(q_rows, (kk >> 2) * (BM * 128), koff);
+        const uint64_t db = sm90_desc_kmajor(k_tile, (kk >> 2) * (BN * 128), koff);
         sm90_wgmma_ss<BN, BF16, 0>(s, da, db, kk > 0);
     }
     sm90_wgmma_commit();
@@ -433,7 +433,7 @@ static __device__ __forceinline__ void sm90_issue_pv(float (&o)[D / 2],
 {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-        const uint64_t db = sm90_desc_mnmajor(v_tile + kk * 16 * 128, BN * 128);
+        const uint64_t db = sm90_desc_mnmajor(v_tile, BN * 128, kk * 16 * 128);
         sm90_wgmma_rs<D, BF16, 1>(o, pf[kk], db, 1);
     }
     sm90_wgmma_commit();

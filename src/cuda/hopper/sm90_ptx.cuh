@@ -42,28 +42,56 @@ SM90_DEVICE uint32_t sm90_smem_addr(const void *p)
  * offset >> 4 in 32-45, base offset in 49-51 (0: tiles are 1024-aligned), swizzle mode in
  * 62-63 (1 = 128-byte). */
 
-SM90_DEVICE uint64_t sm90_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+/* A descriptor in two parts: its low word (start address and leading byte offset), which
+ * differs from one operand and k step to the next, and the rest (stride byte offset 1024 and
+ * the 128-byte swizzle for every operand here). The start field holds an address below 2^18
+ * (all of an sm_90 block's shared memory), so a step of b bytes (a multiple of 16) adds b >> 4
+ * to the low word without carrying into the next field. */
+SM90_DEVICE uint32_t sm90_desc_lo(uint32_t saddr, uint32_t lbo_bytes)
 {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)((lbo_bytes & 0x3ffffu) >> 4) << 16) |
-           ((uint64_t)((sbo_bytes & 0x3ffffu) >> 4) << 32) | (1ull << 62);
+    return ((saddr & 0x3ffffu) >> 4) | (((lbo_bytes & 0x3ffffu) >> 4) << 16);
+}
+
+SM90_DEVICE uint64_t sm90_desc_of(uint32_t lo)
+{
+    return (uint64_t)lo | ((uint64_t)(1024u >> 4) << 32) | (1ull << 62);
+}
+
+/* The descriptor of an operand's k step, step_bytes + sub_bytes past its start saddr (a
+ * panel's offset and a step within the panel). STEP: the operand's low word (the same for
+ * all its steps, so computed once) plus the offsets, one uniform add per wgmma; else built
+ * whole at each step (a mask, a shift and an or), which one kernel keeps because ptxas
+ * spills two of its registers with the other. FC_SM90_DESC_STEP=1 steps them (under test,
+ * see docs/PERF.md). */
+#ifndef FC_SM90_DESC_STEP
+#define FC_SM90_DESC_STEP 0
+#endif
+template <bool STEP>
+SM90_DEVICE uint64_t sm90_desc_step(uint32_t saddr, uint32_t lbo_bytes, uint32_t step_bytes, uint32_t sub_bytes)
+{
+    return STEP ? sm90_desc_of(sm90_desc_lo(saddr, lbo_bytes) + ((step_bytes + sub_bytes) >> 4))
+                : sm90_desc_of(sm90_desc_lo(saddr + step_bytes + sub_bytes, lbo_bytes));
 }
 
 /* K-major operand (the reduction dim contiguous: Q and K rows, [rows][64] panels): 8-row
  * groups 1024 bytes apart (SBO); LBO is not used by the 128-byte swizzle when one k16 step
  * (32 bytes) lies inside a panel row, so it holds the conventional 16. A k16 step inside a
- * panel adds 32 bytes to saddr; the next panel is a separate base. */
-SM90_DEVICE uint64_t sm90_desc_kmajor(uint32_t saddr)
+ * panel is 32 bytes on; the next panel is a panel's bytes on. */
+template <bool STEP = (bool)FC_SM90_DESC_STEP>
+SM90_DEVICE uint64_t sm90_desc_kmajor(uint32_t saddr, uint32_t step_bytes = 0, uint32_t sub_bytes = 0)
 {
-    return sm90_desc(saddr, 16, 1024);
+    return sm90_desc_step<STEP>(saddr, 16, step_bytes, sub_bytes);
 }
 
 /* MN-major operand (the output dim contiguous: V as [keys][64 head-dim columns] panels, the
  * B of O = P V). The canonical 128-byte-swizzled MN-major layout is, in elements,
  * ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)): 64 contiguous columns per panel row, panels LBO
- * bytes apart, 8-key groups SBO = 1024 bytes apart. A k16 step adds 16 rows = 2048 bytes. */
-SM90_DEVICE uint64_t sm90_desc_mnmajor(uint32_t saddr, uint32_t panel_bytes)
+ * bytes apart, 8-key groups SBO = 1024 bytes apart. A k16 step is 16 rows = 2048 bytes on. */
+template <bool STEP = (bool)FC_SM90_DESC_STEP>
+SM90_DEVICE uint64_t sm90_desc_mnmajor(uint32_t saddr, uint32_t panel_bytes, uint32_t step_bytes = 0,
+                                       uint32_t sub_bytes = 0)
 {
-    return sm90_desc(saddr, panel_bytes, 1024);
+    return sm90_desc_step<STEP>(saddr, panel_bytes, step_bytes, sub_bytes);
 }
 
 /* ---- wgmma ------------------------------------------------------------------------------- */

@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(128, 1) probe_kernel(const uint16_t *q, const 
     for (int j = 0; j < 64; j++) o[j] = 0.f;
     sm90_wgmma_fence();
     for (int kk = 0; kk < PR_D / 16; kk++) {
-        const uint32_t off = (kk >> 2) * PR_PANEL + (kk & 3) * 32;
-        sm90_wgmma_ss<64, 1, 0>(s, sm90_desc_kmajor(base + off), sm90_desc_kmajor(base + 2 * PR_PANEL + off),
+        const uint32_t panel = (kk >> 2) * PR_PANEL, off = (kk & 3) * 32;
+        sm90_wgmma_ss<64, 1, 0>(s, sm90_desc_kmajor(base, panel, off), sm90_desc_kmajor(base + 2 * PR_PANEL, panel, off),
                                 kk > 0);
     }
     sm90_wgmma_commit();
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(128, 1) probe_kernel(const uint16_t *q, const 
             pf[kk][r] = sm90_pack2<1>(s[8 * kk + 2 * r] * 0.0625f, s[8 * kk + 2 * r + 1] * 0.0625f);
     sm90_wgmma_fence();
     for (int kk = 0; kk < 4; kk++)
-        sm90_wgmma_rs<128, 1, 1>(o, pf[kk], sm90_desc_mnmajor(base + 4 * PR_PANEL + kk * 2048, PR_PANEL), 1);
+        sm90_wgmma_rs<128, 1, 1>(o, pf[kk], sm90_desc_mnmajor(base + 4 * PR_PANEL, PR_PANEL, kk * 2048), 1);
     sm90_wgmma_commit();
     sm90_fence_regs(o);
     sm90_wgmma_wait<0>();
