@@ -163,12 +163,10 @@
  * across the key loop; each dQ hand-over tells the reducing warp its workspace row. Off: not
  * yet measured (docs/PERF.md, "A persistent backward, coordinates in shared memory").
  * FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs walk many tiles). */
-/* PST: 1 takes the next tile when the current one starts (and, without a mask, at a fixed
- * stride), 0 when the current one's last loads are issued, from the counter in either case:
- * a CTA that reserves its next tile a whole tile ahead can leave that tile waiting while
- * other CTAs run out of work (under test; see docs/PERF.md). */
-#ifndef SM90B_PST_EARLY_NEXT
-#define SM90B_PST_EARLY_NEXT 0
+/* 1 steps the backward's wgmma descriptors from each operand's low word (sm90_desc_step):
+ * measured level at d128 and 1% slower at d64 (docs/PERF.md), so off. */
+#ifndef FC_SM90B_DESC_STEP
+#define FC_SM90B_DESC_STEP 0
 #endif
 #ifndef FC_SM90B_PERSIST
 #define FC_SM90B_PERSIST 0
@@ -255,8 +253,8 @@ typedef struct sm90_bwd_params {
     /* A persistent grid (PST): tiles in all, the key blocks per (kv head, batch) and the CTAs
      * per batch element along y (kv heads x hsplit), as the plain grid lays them out. */
     int tiles, k_blocks, tile_y;
-    /* PST under a causal mask: the next tile is gridDim.x + atomicAdd(tile_counter, 1) (tiles
-     * differ in length, so the CTAs take them as they free up); NULL: the last + gridDim.x */
+    /* PST: the next tile is gridDim.x + atomicAdd(tile_counter, 1), so that the CTAs take the
+     * tiles as they free up (causal tiles differ in length, and SMs in speed) */
     int *tile_counter;
 } sm90_bwd_params;
 
@@ -457,12 +455,12 @@ static __device__ __forceinline__ void sm90b_load_a_frags(uint32_t (&f)[4][4], u
 /* d64: issues d = A B^T over the head dim with A (64 rows of K or V) from registers and B the
  * [BM][64] tile (Q or dO), K-major: the K, V halves are read from shared memory once per CTA
  * instead of once per query block. */
-template <int BM, int BF16>
+template <int BM, int BF16, bool STEP>
 static __device__ __forceinline__ void sm90b_issue_kt_rs(float (&d)[BM / 2], const uint32_t (&a)[4][4], uint32_t b_tile)
 {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-        sm90_wgmma_rs<BM, BF16, 0>(d, a[kk], sm90_desc_kmajor(b_tile, kk * 32), kk > 0);
+        sm90_wgmma_rs<BM, BF16, 0>(d, a[kk], sm90_desc_kmajor<STEP>(b_tile, kk * 32), kk > 0);
     sm90_wgmma_commit();
 }
 
@@ -634,9 +632,9 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     constexpr int LAG = L::LAG, NDS = L::DS_BUFS;
     /* not varlen, whose consumers meet at a barrier inside a block when it clears tail rows */
     constexpr bool PINGPONG = LAG == 2 && FC_SM90B_PINGPONG && !VARLEN;
-    /* wgmma descriptors stepped from each operand's first (sm90_desc_step), except in the d128
-     * feature kernel, where ptxas then spills */
-    constexpr bool DESC_STEP = FC_SM90_DESC_STEP && !(D == 128 && FEAT == 1);
+    /* wgmma descriptors stepped from each operand's first (FC_SM90B_DESC_STEP), never in the
+     * d128 feature kernel, where ptxas then spills */
+    constexpr bool DESC_STEP = FC_SM90B_DESC_STEP && !(D == 128 && FEAT == 1);
     uint64_t *ds_full = dq_empty + 2, *ds_read = ds_full + 2 * NDS; /* [consumer * NDS + buffer] */
     uint64_t *kv_empty = bars + L::BARS - 1; /* PST: the consumers are done with K and V */
     static_assert(!PST || (FEAT == 0 && SM90B_PST_BUILT(D) && LAG == 0 && !PINGPONG),
@@ -778,12 +776,6 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 }
                 /* this tile's coordinates and query blocks, in the names of the CTA's */
                 const sm90b_tile tl = PST ? sm90b_tile_of(p, tile) : sm90b_tile{nb, hk, b, qh0};
-#if SM90B_PST_EARLY_NEXT
-                const int next = !PST ? 0 : p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
-                                                            : tile + (int)gridDim.x;
-#else
-                const int next = 0;
-#endif
                 const int t_min = PST && p.causal ? max(tl.nb * BN - p.causal_offset, 0) / BM : m_min;
                 const int t_nm = PST && p.causal ? p.m_blocks - t_min : nm;
                 const int t_iter = PST && p.causal ? t_nm * heads_cta : n_iter;
@@ -794,7 +786,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #define SM90B_PT(i_, own_) (PST ? ((volatile int *)(smem + L::PSLOT_OFF))[i_] : (own_))
                 if (PST) {
                     volatile int *pt = (volatile int *)(smem + L::PSLOT_OFF);
-                    pt[0] = qh0, pt[1] = b, pt[2] = m_min, pt[3] = nm, pt[4] = n_iter, pt[5] = SM90B_PST_EARLY_NEXT ? next : tile;
+                    pt[0] = qh0, pt[1] = b, pt[2] = m_min, pt[3] = nm, pt[4] = n_iter;
                 }
                 /* K and V, and (PST) the tile's slot for the consumers; a later tile's once the
                  * consumers have released the last one's */
@@ -844,12 +836,11 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     const int m_min = SM90B_PT(2, t_min), nm = SM90B_PT(3, t_nm);
                     SM90B_LOAD_STAGE(it);
                 }
-#if SM90B_PST_EARLY_NEXT
-                const int next_t = SM90B_PT(5, next);
-#else
-                const int next_t = !PST ? 0 : p.tile_counter ? (int)gridDim.x + atomicAdd(p.tile_counter, 1)
-                                                              : SM90B_PT(5, tile) + (int)gridDim.x;
-#endif
+                /* PST: the next tile, taken now rather than when this one started: a CTA that
+                 * holds its next tile for a whole tile can leave it waiting while other CTAs
+                 * run out of work (a tail of up to one of the longest causal tiles); two blocks
+                 * before the end, the atomic's latency is hidden */
+                const int next_t = PST ? (int)gridDim.x + atomicAdd(p.tile_counter, 1) : 0;
                 if (PST && next_t < p.tiles) {
                     /* the next tile's K and V into L2 while the consumers are on this tile's last
                      * blocks, to be there when this tile's are released */
@@ -1070,8 +1061,8 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     if (PINGPONG && c == 1 && it == 0) sm90_bar_sync(SM90B_BAR_TURN0 + 1, 256);
                     sm90_wgmma_fence();
                     if constexpr (KV_REGS) {
-                        sm90b_issue_kt_rs<BM, BF16>(sc, kfrag, sq_t);
-                        sm90b_issue_kt_rs<BM, BF16>(dp, vfrag, sdo_t);
+                        sm90b_issue_kt_rs<BM, BF16, DESC_STEP>(sc, kfrag, sq_t);
+                        sm90b_issue_kt_rs<BM, BF16, DESC_STEP>(dp, vfrag, sdo_t);
                     } else {
                         sm90b_issue_kt<D, BM, BF16, DESC_STEP>(sc, sK + 64 * c * 128, sq_t);
                         sm90b_issue_kt<D, BM, BF16, DESC_STEP>(dp, sV + 64 * c * 128, sdo_t);
@@ -1581,9 +1572,8 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
 }
 
 /* CTAs of the persistent grid (FC_SM90B_PERSIST) for the plain fixed-length kernel, or 0 for
- * one CTA per tile. Without a mask every tile is as long, so each CTA walks every gridDim.x-th;
- * under a bottom-right causal mask the CTAs take the tiles in dispatch order from a counter as
- * they free up. Not top-left causal (whose last key blocks may see no query at all), nor
+ * one CTA per tile. The CTAs take the tiles in dispatch order from a counter as they free up
+ * (under a bottom-right causal mask, or none). Not top-left causal (whose last key blocks may see no query at all), nor
  * deterministic mode, whose turns rely on each key block's CTA running once the ones before
  * it have started. One CTA per SM, where there are more tiles than SMs; FLASHC_SM90B_CTAS=n
  * forces n, for tests and comparisons. */
@@ -1789,11 +1779,9 @@ static cudaError_t sm90b_launch(const fc_sm90_bwd_args *a, const sm90_bwd_ws *w,
     if (ctas > 0) {
         if constexpr (PST_OK) {
             p.tiles = (int)tiles, p.k_blocks = k_blocks, p.tile_y = (int)grid.y;
-            if (p.causal || !SM90B_PST_EARLY_NEXT) {
-                p.tile_counter = (int *)(ws + w->counter_off);
-                err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
-                if (err != cudaSuccess) return err;
-            }
+            p.tile_counter = (int *)(ws + w->counter_off);
+            err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+            if (err != cudaSuccess) return err;
             const uint32_t smem_p = sm90_bwd_layout<D, BM, 1>::TOTAL;
             err = cudaFuncSetAttribute(fc_sm90_bwd_kernel<D, BF16, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem_p);

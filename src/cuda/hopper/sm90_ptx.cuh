@@ -61,10 +61,11 @@ SM90_DEVICE uint64_t sm90_desc_of(uint32_t lo)
  * panel's offset and a step within the panel). STEP: the operand's low word (the same for
  * all its steps, so computed once) plus the offsets, one uniform add per wgmma; else built
  * whole at each step (a mask, a shift and an or), which one kernel keeps because ptxas
- * spills two of its registers with the other. FC_SM90_DESC_STEP=1 steps them (under test,
- * see docs/PERF.md). */
+ * spills two of its registers with the other. FC_SM90_DESC_STEP picks the default, which the
+ * forward takes (stepped: measured +0.6-0.9% at d256, level elsewhere); the backward picks its
+ * own (FC_SM90B_DESC_STEP). */
 #ifndef FC_SM90_DESC_STEP
-#define FC_SM90_DESC_STEP 0
+#define FC_SM90_DESC_STEP 1
 #endif
 template <bool STEP>
 SM90_DEVICE uint64_t sm90_desc_step(uint32_t saddr, uint32_t lbo_bytes, uint32_t step_bytes, uint32_t sub_bytes)
