@@ -151,23 +151,25 @@
 #define FC_SM90B_PINGPONG 0
 #endif
 
-/* A persistent grid for the plain fixed-length kernel outside deterministic mode, without a
- * mask or with a bottom-right causal one (PST): one CTA per SM, walking the tiles (key block,
- * kv head, batch) in the order the one-CTA-per-tile grid would dispatch them: every
- * gridDim.x-th without a mask, taken from a counter as CTAs free up under the causal mask. The
- * Q/dO ring and the dS and dQ buffers run on across tiles; a CTA's next tile's first Q and dO
- * load while it finishes the last one, its K and V once the consumers have released the last
- * tile's (kv_empty) and, fetched into L2 before, from there, so that they overlap the dK and dV
- * stores instead of following them. The tile's coordinates pass to the consumers through
- * shared memory (two slots, by tile parity), read where used, so that they hold no registers
- * across the key loop; each dQ hand-over tells the reducing warp its workspace row. Off: not
- * yet measured (docs/PERF.md, "A persistent backward, coordinates in shared memory").
- * FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs walk many tiles). */
 /* 1 steps the backward's wgmma descriptors from each operand's low word (sm90_desc_step):
  * measured level at d128 and 1% slower at d64 (docs/PERF.md), so off. */
 #ifndef FC_SM90B_DESC_STEP
 #define FC_SM90B_DESC_STEP 0
 #endif
+
+/* A persistent grid for the plain fixed-length kernel outside deterministic mode, without a
+ * mask or with a bottom-right causal one (PST): one CTA per SM, taking the tiles (key block,
+ * kv head, batch) from a counter in the order the one-CTA-per-tile grid would dispatch them,
+ * each CTA its next tile two blocks before the end of the current one. The Q/dO ring and the
+ * dS and dQ buffers run on across tiles; a CTA's next tile's first Q and dO load while it
+ * finishes the last one, its K and V once the consumers have released the last tile's
+ * (kv_empty) and, fetched into L2 before, from there, so that they overlap the dK and dV
+ * stores instead of following them. The tile's coordinates pass to the consumers through
+ * shared memory (two slots, by tile parity), read once per tile into warp-uniform values; each
+ * dQ hand-over tells the reducing warp its workspace row. Off: +0.5-3% at 2k, level at 4k,
+ * -0.5-0.7% at 16k, and its producer spills (docs/PERF.md, "A persistent backward,
+ * coordinates in shared memory"). FLASHC_SM90B_CTAS=n forces n CTAs (tests: few CTAs walk
+ * many tiles). */
 #ifndef FC_SM90B_PERSIST
 #define FC_SM90B_PERSIST 0
 #endif
@@ -1573,10 +1575,10 @@ static int sm90b_group_split(const fc_sm90_bwd_args *a)
 
 /* CTAs of the persistent grid (FC_SM90B_PERSIST) for the plain fixed-length kernel, or 0 for
  * one CTA per tile. The CTAs take the tiles in dispatch order from a counter as they free up
- * (under a bottom-right causal mask, or none). Not top-left causal (whose last key blocks may see no query at all), nor
- * deterministic mode, whose turns rely on each key block's CTA running once the ones before
- * it have started. One CTA per SM, where there are more tiles than SMs; FLASHC_SM90B_CTAS=n
- * forces n, for tests and comparisons. */
+ * (under a bottom-right causal mask, or none). Not top-left causal (whose last key blocks may
+ * see no query at all), nor deterministic mode, whose turns rely on each key block's CTA
+ * running once the ones before it have started. One CTA per SM, where there are more tiles
+ * than SMs; FLASHC_SM90B_CTAS=n forces n, for tests and comparisons. */
 static int sm90b_persistent_ctas(const fc_sm90_bwd_args *a, int64_t tiles)
 {
     if (!FC_SM90B_PERSIST || a->causal == 2 || a->deterministic || tiles >= 0x7fffffff - 65536 || a->num_sms <= 0)
