@@ -40,6 +40,15 @@
 #define DEC_PAD 8   /* elements of padding per shared row (conflict-free ldmatrix) */
 #define DEC_MIN_SPLIT_KEYS 128
 #define DEC_LOG2E 1.4426950408889634f
+
+/* 1: each CTA reads its query rows into registers beside the cache length and stores them to
+ * shared memory only once its first K/V tiles are asked for, so that the tiles' loads do not
+ * wait behind the query's (at batch 1 a CTA has a few tiles per warp, and the round trips
+ * before the first of them are much of its time). 0: the query first, as before. Not yet run
+ * on a GPU (docs/PERF.md, "Batch 1: the query off the first loads' path"). */
+#ifndef FC_DECODE_Q_EARLY
+#define FC_DECODE_Q_EARLY 0
+#endif
 #define DEC_LN2 0.6931471805599453f
 
 typedef struct fc_decode_args {
@@ -196,28 +205,38 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
      * and the combine after it may start as soon as every CTA of this grid is running */
     pdl_wait();
     pdl_launch_dependents();
-    const int pair0 = chunk * DEC_ROWS;
-
-    /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim), read into
-     * registers now and stored to shared memory once the first K/V tiles are asked for: its
-     * loads need no cache length, so they overlap that one, and the first tiles' loads no
-     * longer wait behind them (at batch 1 a CTA's few tiles make this chain most of its time) */
-    constexpr int QCH = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
-    uint4 qv[QCH];
-#pragma unroll
-    for (int u = 0; u < QCH; u++) {
-        const int c = tid + u * DEC_THREADS, r = c / CH, ch = c % CH, pair = pair0 + r;
-        qv[u] = make_uint4(0, 0, 0, 0);
-        if (c < DEC_ROWS * CH && pair < a.rows_total && ch * 8 < a.head_dim) {
-            const int i = pair / a.group, h = hk * a.group + pair % a.group;
-            qv[u] = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
-        }
-    }
-
     const int L = seq_len(a.cache_seqlens, b, a.seqlen_new, a.capacity);
     const int off = a.causal == FLASHC_CAUSAL_TOP_LEFT ? 0 : L - a.nq;
     const int ks = split * a.split_keys;
     const int ke = ks + a.split_keys < L ? ks + a.split_keys : L;
+    const int pair0 = chunk * DEC_ROWS;
+
+    /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim): with
+     * FC_DECODE_Q_EARLY into registers here (the compiler issues their loads beside the cache
+     * length's), to shared memory after the first tiles' loads; otherwise straight there */
+    constexpr int QCH = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
+    uint4 qv[FC_DECODE_Q_EARLY ? QCH : 1];
+    if constexpr (FC_DECODE_Q_EARLY) {
+#pragma unroll
+        for (int u = 0; u < QCH; u++) {
+            const int c = tid + u * DEC_THREADS, r = c / CH, ch = c % CH, pair = pair0 + r;
+            qv[u] = make_uint4(0, 0, 0, 0);
+            if (c < DEC_ROWS * CH && pair < a.rows_total && ch * 8 < a.head_dim) {
+                const int i = pair / a.group, h = hk * a.group + pair % a.group;
+                qv[u] = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
+            }
+        }
+    } else {
+        for (int c = tid; c < DEC_ROWS * CH; c += DEC_THREADS) {
+            const int r = c / CH, ch = c % CH, pair = pair0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (pair < a.rows_total && ch * 8 < a.head_dim) {
+                const int i = pair / a.group, h = hk * a.group + pair % a.group;
+                v = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
+            }
+            *(uint4 *)(qs + r * P + ch * 8) = v;
+        }
+    }
 
     /* over the queries of the CTA's real pairs (a few: the pairs are a group's heads): the
      * union of their key ranges, which the CTA walks, and their intersection - a tile inside
@@ -247,6 +266,25 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
             slope[k] = a.alibi[b * a.alibi_bstride + hk * a.group + pair % a.group];
     }
 
+    /* once Q is in shared memory: its fragments (up to d128) and the accumulators */
+    uint32_t qf[C::Q_IN_REGS ? D / 16 : 1][4];
+    const uint32_t q_lane_addr =
+        smem_addr(qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
+    float oacc[D / 8][4];
+    float row_m[2], row_l[2];
+    auto q_ready = [&]() {
+        __syncthreads();
+        if (C::Q_IN_REGS) {
+#pragma unroll
+            for (int kk = 0; kk < (C::Q_IN_REGS ? D / 16 : 0); kk++)
+                ldmatrix_x4(qf[kk], q_lane_addr + kk * 32);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
+        row_m[0] = row_m[1] = -INFINITY;
+        row_l[0] = row_l[1] = 0.0f;
+    };
+    if constexpr (!FC_DECODE_Q_EARLY) q_ready();
     const int ntiles = (jend - jbeg + DEC_KT - 1) / DEC_KT;
     const int mine = ntiles > warp ? (ntiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     uint16_t *wbase = stage_base + warp * STAGES * C::TILE_ELEMS;
@@ -319,26 +357,14 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         if (s < mine) load_tile(s, s);
         cp_async_commit();
     }
-
+    if constexpr (FC_DECODE_Q_EARLY) {
 #pragma unroll
-    for (int u = 0; u < QCH; u++) {
-        const int c = tid + u * DEC_THREADS;
-        if (c < DEC_ROWS * CH) *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = qv[u];
+        for (int u = 0; u < QCH; u++) {
+            const int c = tid + u * DEC_THREADS;
+            if (c < DEC_ROWS * CH) *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = qv[u];
+        }
+        q_ready();
     }
-    __syncthreads();
-    uint32_t qf[C::Q_IN_REGS ? D / 16 : 1][4];
-    const uint32_t q_lane_addr =
-        smem_addr(qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
-    if (C::Q_IN_REGS) {
-#pragma unroll
-        for (int kk = 0; kk < (C::Q_IN_REGS ? D / 16 : 0); kk++)
-            ldmatrix_x4(qf[kk], q_lane_addr + kk * 32);
-    }
-
-    float oacc[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
-    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
     const float cap = MODS ? a.softcap : 0.0f;
     const int alibi = MODS && a.alibi != NULL;
     for (int it = 0; it < mine; it++) {
