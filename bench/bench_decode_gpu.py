@@ -17,6 +17,7 @@ which exceeds the kernel's time for small caches, is not what is measured) and a
 Writes a markdown table (date, GPU, commit) into bench/results/.
 
     python3 bench/bench_decode_gpu.py --lib build-gpu/libflashc.so [--commit HASH] [--quick]
+        [--timeline]   (also each row's kernels, start and duration, over four calls)
 """
 import argparse
 import ctypes
@@ -82,6 +83,32 @@ def graph_ms(fn, calls=20):
         torch.cuda.synchronize()
         return None
     return median_ms(g.replay, warmup=3, rep=20) / calls
+
+
+def kernel_timeline(fn, calls=4):
+    """The device kernels of `calls` calls replayed from a graph, as (start us from the first,
+    duration us, name) from the profiler: where a call's time goes between its kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    t0 = ev[0].time_range.start if ev else 0
+    return [(e.time_range.start - t0, e.time_range.end - e.time_range.start, e.name) for e in ev]
 
 
 def copy_gbps(nbytes=2 << 30):
@@ -199,6 +226,8 @@ def main():
     ap.add_argument("--caches", default="1024,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--page", type=int, default=256)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print each row's kernels (start, duration) over four graph-replayed calls")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     if args.quick:
@@ -247,6 +276,9 @@ def main():
                       f"eager {r['eager_us']:.1f} us; a copy of the same bytes {r.get('copy_same', 0):.0f} GB/s)  sdpa {r.get('sdpa_gbps', 0):5.0f}  "
                       f"flash-attn {r.get('fa_gbps', 0):5.0f}  diff {r.get('diff', float('nan')):.1e}",
                       flush=True)
+                if args.timeline:
+                    for start, dur, name in kernel_timeline(call):
+                        print(f"    {start:8.2f} +{dur:6.2f} us  {name[:80]}")
                 del q, kc, vc, seqlens, table, call
                 torch.cuda.empty_cache()
     write_results(rows, args, gpu, copy, fc.describe())
