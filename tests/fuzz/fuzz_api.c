@@ -3,12 +3,14 @@
  * flashc_forward, flashc_backward, flashc_backward_workspace_size, flashc_merge_accumulate,
  * flashc_forward_kvcache (contiguous and paged caches, with and without append) and
  * flashc_kvcache_workspace_size on the CPU
- * and reference backends. Every tensor points into one poisoned arena; after each call the harness checks
+ * and reference backends, with the features' parameters among them (a window, softcap,
+ * dropout, ALiBi slopes, variable-length offsets, sound or broken). Every tensor points into one poisoned arena; after each call the harness checks
  * that a failed call changed no byte, and that a successful one changed only bytes inside the
  * views of its outputs. Sanitizers (address, undefined) catch the rest.
  *
  *   clang -fsanitize=fuzzer,address,undefined ... ; ./fuzz_api -max_total_time=60
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,16 +114,38 @@ static int extent(const flashc_tensor *t, size_t *begin, size_t *end)
     return 1;
 }
 
-/* A call is made only if every plausibly valid view lies inside the arena: the library may
- * read any valid view, so one reaching past the arena would be the harness's bug. */
+/* The int32 and float tables of a call (cache lengths, page table, varlen offsets, ALiBi
+ * slopes) live in the arena's last TABLE_BYTES, which no view reaches. */
+#define TABLE_BYTES 4096
+
+/* A call is made only if every plausibly valid view lies inside the arena, before its
+ * tables: the library may read any valid view, so one reaching past them would be the
+ * harness's bug (and an output over the tables would change them under the call). */
 static int inside_arena(const flashc_tensor *const *ts, int n)
 {
     for (int i = 0; i < n; i++) {
         size_t b, e;
-        if (ts[i] && extent(ts[i], &b, &e) && e > ARENA_BYTES)
+        if (ts[i] && extent(ts[i], &b, &e) && e > ARENA_BYTES - TABLE_BYTES)
             return 0;
     }
     return 1;
+}
+
+/* num_seqs + 1 varlen offsets over total tokens: mostly sound prefix sums (sequences of any
+ * length, empty ones included), sometimes with one entry out of order, negative or anything. */
+static void fuzz_offsets(reader *r, int32_t *cu, int n, int64_t total)
+{
+    const uint8_t mode = next_u8(r);
+    cu[0] = 0;
+    for (int i = 1; i < n; i++) {
+        const int64_t left = total - cu[i - 1];
+        cu[i] = cu[i - 1] + (int32_t)(left > 0 ? next_u8(r) % (left + 1) : 0);
+    }
+    cu[n] = (int32_t)total;
+    if (mode % 8 == 0)
+        cu[next_u8(r) % (n + 1)] = (int32_t)next_u32(r);
+    else if (mode % 8 == 1)
+        cu[next_u8(r) % (n + 1)] -= 1 + next_u8(r) % 3;
 }
 
 /* Marks the bytes of the elements of a 4-d (or 3-d) view. */
@@ -201,9 +225,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flashc_kvcache_params kv;
     flashc_kvcache_params_init(&kv);
     /* the int32 tables live at the end of the arena, written after the poison fill below */
-    int32_t *tables = (int32_t *)(arena + ARENA_BYTES - 4096);
+    int32_t *tables = (int32_t *)(arena + ARENA_BYTES - TABLE_BYTES);
     const int max_pages = 1 + next_u8(&r) % 4, table_stride = max_pages + next_u8(&r) % 2;
-    int32_t seqlens[3], table[3 * 5];
+    int32_t seqlens[3], table[3 * 5], cu_q[4] = {0}, cu_k[4] = {0};
+    float slopes[16] = {0};
     for (int b = 0; b < 3; b++)
         seqlens[b] = (next_u8(&r) % 16 == 0) ? (int32_t)next_u32(&r)
                                               : (int32_t)(next_u8(&r) % (page_size * max_pages + 2));
@@ -233,7 +258,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 2: p.dropout_p = (float)next_u8(&r) / 128.0f; break;
     case 3: p.struct_size = next_u8(&r) % (sizeof p + 1); break; /* honest: never past p */
     case 4: p.workspace_size = next_u8(&r); break;
-    case 5: p.workspace = arena + ARENA_BYTES / 2; p.workspace_size = next_u32(&r) % 65536; break;
+    case 5: /* a workspace before the tables */
+        p.workspace = arena + ARENA_BYTES / 2;
+        p.workspace_size = next_u32(&r) % (ARENA_BYTES / 2 - TABLE_BYTES);
+        break;
+    case 6: { /* a variable-length batch over q's and k's tokens ([1, total, heads, dim]) */
+        const int n = 1 + next_u8(&r) % 3;
+        p.num_seqs = (next_u8(&r) % 16 == 0) ? (int32_t)next_u8(&r) - 2 : n;
+        fuzz_offsets(&r, cu_q, n, s.nq);
+        fuzz_offsets(&r, cu_k, n, s.nk);
+        p.cu_seqlens_q = tables + 32;
+        p.cu_seqlens_k = tables + 40;
+        if (next_u8(&r) % 4 == 0)
+            p.max_seqlen_q = (int32_t)next_u8(&r) % 12 - 1;
+        if (next_u8(&r) % 4 == 0)
+            p.max_seqlen_k = (int32_t)next_u8(&r) % 12 - 1;
+        break;
+    }
+    case 7: { /* ALiBi slopes, per head or per sequence and head; now and then not finite */
+        for (int i = 0; i < 16; i++) {
+            const uint8_t x = next_u8(&r);
+            slopes[i] = x == 255 ? INFINITY : x == 254 ? NAN : (float)x / 64.0f;
+        }
+        p.alibi_slopes = (const float *)(tables + 48);
+        if (next_u8(&r) % 4 == 0)
+            p.alibi_slopes_batch_stride = (int64_t)next_u8(&r) % 8 - 1;
+        break;
+    }
     default: break;
     }
 
@@ -245,6 +296,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         arena[i] = (unsigned char)(i * 131u + 7u);
     memcpy(tables, seqlens, sizeof seqlens);
     memcpy(tables + 8, table, sizeof table);
+    memcpy(tables + 32, cu_q, sizeof cu_q);
+    memcpy(tables + 40, cu_k, sizeof cu_k);
+    memcpy(tables + 48, slopes, sizeof slopes);
     memcpy(before, arena, ARENA_BYTES);
 
     flashc_status st;
