@@ -253,7 +253,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (pm & 16)
         p.deterministic = 1;
     switch (next_u8(&r) % 16) {
-    case 0: p.window_left = (int32_t)next_u8(&r) - 2; break;
+    case 0:
+        p.window_left = (int32_t)next_u8(&r) - 2;
+        if (next_u8(&r) % 2)
+            p.window_right = (int32_t)next_u8(&r) - 2;
+        break;
     case 1: p.softcap = (float)next_u8(&r) - 1.0f; break;
     case 2: p.dropout_p = (float)next_u8(&r) / 128.0f; break;
     case 3: p.struct_size = next_u8(&r) % (sizeof p + 1); break; /* honest: never past p */
@@ -281,6 +285,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             slopes[i] = x == 255 ? INFINITY : x == 254 ? NAN : (float)x / 64.0f;
         }
         p.alibi_slopes = (const float *)(tables + 48);
+        if (next_u8(&r) % 16 == 0) /* misaligned */
+            p.alibi_slopes = (const float *)((const char *)p.alibi_slopes + 1 + next_u8(&r) % 3);
         if (next_u8(&r) % 4 == 0)
             p.alibi_slopes_batch_stride = (int64_t)next_u8(&r) % 8 - 1;
         break;
