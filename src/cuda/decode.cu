@@ -41,6 +41,8 @@
 #define DEC_MIN_SPLIT_KEYS 128
 #define DEC_LOG2E 1.4426950408889634f
 
+#define DEC_LN2 0.6931471805599453f
+
 /* 1: each CTA reads its query rows into registers beside the cache length and stores them to
  * shared memory only once its first K/V tiles are asked for, so that the tiles' loads do not
  * wait behind the query's (at batch 1 a CTA has a few tiles per warp, and the round trips
@@ -49,7 +51,6 @@
 #ifndef FC_DECODE_Q_EARLY
 #define FC_DECODE_Q_EARLY 0
 #endif
-#define DEC_LN2 0.6931471805599453f
 
 typedef struct fc_decode_args {
     const uint16_t *q;
@@ -214,28 +215,26 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
     /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim): with
      * FC_DECODE_Q_EARLY into registers here (the compiler issues their loads beside the cache
      * length's), to shared memory after the first tiles' loads; otherwise straight there */
+    auto q_chunk = [&](int r, int ch) { /* 16 bytes of row r */
+        const int pair = pair0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pair < a.rows_total && ch * 8 < a.head_dim) {
+            const int i = pair / a.group, h = hk * a.group + pair % a.group;
+            v = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
+        }
+        return v;
+    };
     constexpr int QCH = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
     uint4 qv[FC_DECODE_Q_EARLY ? QCH : 1];
     if constexpr (FC_DECODE_Q_EARLY) {
 #pragma unroll
         for (int u = 0; u < QCH; u++) {
-            const int c = tid + u * DEC_THREADS, r = c / CH, ch = c % CH, pair = pair0 + r;
-            qv[u] = make_uint4(0, 0, 0, 0);
-            if (c < DEC_ROWS * CH && pair < a.rows_total && ch * 8 < a.head_dim) {
-                const int i = pair / a.group, h = hk * a.group + pair % a.group;
-                qv[u] = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
-            }
+            const int c = tid + u * DEC_THREADS;
+            qv[u] = c < DEC_ROWS * CH ? q_chunk(c / CH, c % CH) : make_uint4(0, 0, 0, 0);
         }
     } else {
-        for (int c = tid; c < DEC_ROWS * CH; c += DEC_THREADS) {
-            const int r = c / CH, ch = c % CH, pair = pair0 + r;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (pair < a.rows_total && ch * 8 < a.head_dim) {
-                const int i = pair / a.group, h = hk * a.group + pair % a.group;
-                v = *(const uint4 *)(a.q + b * a.q_sb + i * a.q_ss + h * a.q_sh + ch * 8);
-            }
-            *(uint4 *)(qs + r * P + ch * 8) = v;
-        }
+        for (int c = tid; c < DEC_ROWS * CH; c += DEC_THREADS)
+            *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = q_chunk(c / CH, c % CH);
     }
 
     /* over the queries of the CTA's real pairs (a few: the pairs are a group's heads): the
