@@ -64,31 +64,9 @@ def median_ms(fn, warmup=10, rep=50):
     return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
 
 
-def graph_ms(fn, calls=20):
-    """Median time of one call, from replays of a graph of `calls` calls; None if the call
-    cannot be captured."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # warm-up outside the capture (kernel attributes, allocator pools)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g, capture_error_mode="relaxed"):
-            for _ in range(calls):
-                fn()
-    except Exception as e:  # noqa: BLE001 - report it, fall back to eager timing
-        print("  graph capture failed:", str(e).splitlines()[0][:100])
-        torch.cuda.synchronize()
-        return None
-    return median_ms(g.replay, warmup=3, rep=20) / calls
-
-
-def kernel_timeline(fn, calls=4):
-    """The device kernels of `calls` calls replayed from a graph, as (start us from the first,
-    duration us, name) from the profiler: where a call's time goes between its kernels."""
-    from torch.profiler import ProfilerActivity, profile
+def capture_graph(fn, calls):
+    """A graph of `calls` calls, after a warm-up call outside the capture (kernel attributes,
+    allocator pools); None if the call cannot be captured."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -96,9 +74,31 @@ def kernel_timeline(fn, calls=4):
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+    try:
+        with torch.cuda.graph(g, capture_error_mode="relaxed"):
+            for _ in range(calls):
+                fn()
+    except Exception as e:  # noqa: BLE001 - report it, the caller falls back
+        print("  graph capture failed:", str(e).splitlines()[0][:100])
+        torch.cuda.synchronize()
+        return None
+    return g
+
+
+def graph_ms(fn, calls=20):
+    """Median time of one call, from replays of a graph of `calls` calls; None if the call
+    cannot be captured."""
+    g = capture_graph(fn, calls)
+    return None if g is None else median_ms(g.replay, warmup=3, rep=20) / calls
+
+
+def kernel_timeline(fn, calls=4):
+    """The device kernels of `calls` calls replayed from a graph, as (start us from the first,
+    duration us, name) from the profiler: where a call's time goes between its kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    g = capture_graph(fn, calls)
+    if g is None:
+        return []
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()

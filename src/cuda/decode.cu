@@ -40,7 +40,6 @@
 #define DEC_PAD 8   /* elements of padding per shared row (conflict-free ldmatrix) */
 #define DEC_MIN_SPLIT_KEYS 128
 #define DEC_LOG2E 1.4426950408889634f
-
 #define DEC_LN2 0.6931471805599453f
 
 /* 1: each CTA reads its query rows into registers beside the cache length and stores them to

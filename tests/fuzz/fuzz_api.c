@@ -4,9 +4,10 @@
  * flashc_forward_kvcache (contiguous and paged caches, with and without append) and
  * flashc_kvcache_workspace_size on the CPU
  * and reference backends, with the features' parameters among them (a window, softcap,
- * dropout, ALiBi slopes, variable-length offsets, sound or broken). Every tensor points into one poisoned arena; after each call the harness checks
- * that a failed call changed no byte, and that a successful one changed only bytes inside the
- * views of its outputs. Sanitizers (address, undefined) catch the rest.
+ * dropout, ALiBi slopes, variable-length offsets, sound or broken). Every tensor points into
+ * one poisoned arena; after each call the harness checks that a failed call changed no byte,
+ * and that a successful one changed only bytes inside the views of its outputs. Sanitizers
+ * (address, undefined) catch the rest.
  *
  *   clang -fsanitize=fuzzer,address,undefined ... ; ./fuzz_api -max_total_time=60
  */
@@ -224,7 +225,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flashc_tensor vc = paged ? fuzz_tensor(&r, 4, ps, dt) : v;
     flashc_kvcache_params kv;
     flashc_kvcache_params_init(&kv);
-    /* the int32 tables live at the end of the arena, written after the poison fill below */
+    /* the tables live at the end of the arena (int32 from tables[0]: cache lengths, page
+     * table, varlen offsets at 32 and 40; float ALiBi slopes at 48), written after the poison
+     * fill below */
     int32_t *tables = (int32_t *)(arena + ARENA_BYTES - TABLE_BYTES);
     const int max_pages = 1 + next_u8(&r) % 4, table_stride = max_pages + next_u8(&r) % 2;
     int32_t seqlens[3], table[3 * 5], cu_q[4] = {0}, cu_k[4] = {0};
