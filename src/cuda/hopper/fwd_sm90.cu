@@ -135,6 +135,7 @@ template <int NC> struct sm90_cta {
 #define SM90_BAR_SCHED0 1
 #define SM90_BAR_EPI0 (SM90_BAR_SCHED0 + SM90_MAX_CONSUMERS)
 #define SM90_BAR_VTAIL (SM90_BAR_EPI0 + SM90_MAX_CONSUMERS)
+#define SM90_BAR_O_IN_V (SM90_BAR_VTAIL + 1)
 
 /* The token at a tile's end. Off: the last consumer hands consumer 0 the token at the start of
  * its next tile, so consumer 0's first S = Q K^T of a tile waits for the last consumer's whole
@@ -142,6 +143,17 @@ template <int NC> struct sm90_cta {
  * the others do, and consumer 0 takes the one left over when the CTA runs out of tiles. */
 #ifndef FC_SM90_FWD_EARLY_TOKEN
 #define FC_SM90_FWD_EARLY_TOKEN 0
+#endif
+
+/* 1: where shared memory has no room for an O tile of its own (head dim 256), O is staged for
+ * its TMA store in the V ring rather than in the Q tile, as FlashAttention-3 does, so that the
+ * Q tile is free after the tile's last S = Q K^T and the next tile's Q loads over the last
+ * block's softmax, P V and the epilogue instead of after the O store. The consumers meet once
+ * per tile before writing O (the other one may still be reading the last V block), and the
+ * producer loads the next tile's first V block only once the copy engine has read O out
+ * (o_empty). 0 stages O in the Q tile. */
+#ifndef FC_SM90_FWD_O_IN_V
+#define FC_SM90_FWD_O_IN_V 0
 #endif
 
 /* 1: a consumer skips the key blocks at the top of its tile's walk that lie wholly past the
@@ -214,8 +226,9 @@ static __device__ __forceinline__ sm90_seq sm90_seq_of(const sm90_fwd_params &p,
  * ring, then the V ring, then (SEP_O) the O tile, then the mbarriers. Where shared memory has
  * room (head dims up to 128), O is staged for its TMA store in a tile of its own (SEP_O), so
  * that the next tile's Q can load as soon as the last S = Q K^T has read this one, over the
- * last block's softmax, P V and the epilogue; otherwise (head dim 256) O is staged in the Q
- * tile and the next Q waits until the copy engine has read O out of it. */
+ * last block's softmax, P V and the epilogue; otherwise (head dim 256) O is staged in the V
+ * ring (O_IN_V, FC_SM90_FWD_O_IN_V), with the same early Q, or in the Q tile, and the next Q
+ * then waits until the copy engine has read O out of it. */
 template <int D, int BN, int STAGES, int NC>
 struct sm90_fwd_layout {
     static constexpr int PANELS = D / 64;
@@ -223,13 +236,16 @@ struct sm90_fwd_layout {
     static constexpr uint32_t KV_BYTES = BN * D * 2;
     static constexpr uint32_t K_OFF = Q_BYTES;
     static constexpr uint32_t V_OFF = K_OFF + STAGES * KV_BYTES;
-    static constexpr uint32_t BARS = 2 + 4 * STAGES; /* q_full, the K/V ring's, q_empty */
+    static constexpr bool SEP_O =
+        V_OFF + STAGES * KV_BYTES + Q_BYTES + (2 + 4 * STAGES) * 8 + 16 + 1024 <= 232448; /* 227 KB */
+    static constexpr bool O_IN_V = !SEP_O && FC_SM90_FWD_O_IN_V && STAGES * KV_BYTES >= Q_BYTES;
+    static constexpr bool Q_FREE_EARLY = SEP_O || O_IN_V; /* Q released after the last S */
+    /* q_full, the K/V ring's, q_empty, and (O_IN_V) o_empty */
+    static constexpr uint32_t BARS = 2 + 4 * STAGES + (O_IN_V ? 1 : 0);
     /* the barriers, the tile slot and the alignment slack: the dynamic shared-memory base is
      * only 16-byte aligned */
     static constexpr uint32_t TAIL = BARS * 8 + 16 + 1024;
-    static constexpr bool SEP_O =
-        V_OFF + STAGES * KV_BYTES + Q_BYTES + TAIL <= 232448; /* 227 KB */
-    static constexpr uint32_t O_OFF = SEP_O ? V_OFF + STAGES * KV_BYTES : 0;
+    static constexpr uint32_t O_OFF = SEP_O ? V_OFF + STAGES * KV_BYTES : O_IN_V ? V_OFF : 0;
     static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES + (SEP_O ? Q_BYTES : 0);
     static constexpr uint32_t TILE_OFF = BAR_OFF + BARS * 8; /* the tile handed to consumers */
     static constexpr uint32_t TOTAL = BAR_OFF + TAIL;
@@ -501,6 +517,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
     uint64_t *v_full = bars + 1 + 2 * STAGES, *v_empty = bars + 1 + 3 * STAGES;
 
     uint64_t *q_empty = bars + 1 + 4 * STAGES;
+    uint64_t *o_empty = bars + 2 + 4 * STAGES; /* O_IN_V only */
     volatile int *tile_slot = (volatile int *)(smem + L::TILE_OFF);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -511,6 +528,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
          * index, wrote its O into the Q tile); the phase completes after both O stores have
          * also been read out by the copy engine. */
         sm90_mbar_init(q_empty, NC * 128);
+        /* O_IN_V: every consumer thread arrives once the copy engine has read its O out of the
+         * V ring (the thread that issued the store waits for that first) */
+        if (L::O_IN_V) sm90_mbar_init(o_empty, NC * 128);
         for (int s = 0; s < STAGES; s++) {
             sm90_mbar_init(&k_full[s], 1);
             sm90_mbar_init(&v_full[s], 1);
@@ -558,6 +578,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (n_blocks == 0) {
                     sm90_mbar_wait(q_empty, tile_ph ^ 1);
                     tile_ph ^= 1;
+                    /* O_IN_V: the last tile's O read out before this one's consumers (who load
+                     * no V) can stage theirs, so that o_empty runs no more than a phase ahead */
+                    if (L::O_IN_V) sm90_mbar_wait(o_empty, tile_ph);
                     *tile_slot = tile;
                     sm90_mbar_arrive(q_full);
                 }
@@ -580,6 +603,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 #pragma unroll
                         for (int pn = 0; pn < L::PANELS; pn++)
                             sm90_tma_load_4d(sQ + pn * (BM * 128), &tm_q, q_full, pn * 64, sq.q0 + m0, h, sq.tb);
+                        /* O_IN_V: the V ring is free once the last tile's O is read out */
+                        if (L::O_IN_V) sm90_mbar_wait(o_empty, tile_ph);
                     }
                     sm90_mbar_wait(&v_empty[s], ph ^ 1);
                     sm90_mbar_arrive_expect_tx(&v_full[s], L::KV_BYTES);
@@ -601,7 +626,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
         const int cw = FC_SM90_FWD_UNIFORM_CW && (D <= 128 || FEAT == 0) ? sm90_warp_uniform(wg - 1) : wg - 1;
         const int t = tid - 128 * wg;      /* thread within the warpgroup */
         const uint32_t q_rows = sQ + cw * 64 * 128;
-        const uint32_t o_rows = (L::SEP_O ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
+        const uint32_t o_rows = (L::SEP_O || L::O_IN_V ? sbase + L::O_OFF : sQ) + cw * 64 * 128;
         const int my_bar = SM90_BAR_SCHED0 + cw, other_bar = SM90_BAR_SCHED0 + (cw + 1) % NC;
         int blocks_done = 0;   /* key blocks of earlier tiles: the ring position */
         uint32_t q_ph = 0;     /* parity of q_full: flips on every tile */
@@ -711,7 +736,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 sm90_wgmma_wait<0>();
                 sm90_fence_regs(s);
                 if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(0)]);
-                if (L::SEP_O && nb == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
+                if (L::Q_FREE_EARLY && nb == 1) sm90_mbar_arrive(q_empty); /* Q's last reader retired */
                 SM90_SCORES(n0);
                 sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                 if constexpr (FEATS)
@@ -750,7 +775,7 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     sm90_wgmma_wait<1>(); /* S_i is in; the P V product may still run */
                     sm90_fence_regs(s);
                     if (t == 0) sm90_mbar_arrive(&k_empty[SM90_STAGE(i)]);
-                    if (L::SEP_O && i == nb - 1) sm90_mbar_arrive(q_empty);
+                    if (L::Q_FREE_EARLY && i == nb - 1) sm90_mbar_arrive(q_empty);
                     SM90_SCORES(n0);
                     sm90_online_softmax<BN>(s, m, l, corr, p.scale_log2);
                     if constexpr (FEATS)
@@ -806,6 +831,9 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                 if (t == 0) sm90_bulk_wait_read();
                 sm90_bar_sync(SM90_BAR_EPI0 + cw, 128);
             }
+            /* O_IN_V: every consumer's last P V has read the V ring (the producer loads no V of
+             * the next tile before o_empty) */
+            if (L::O_IN_V) sm90_bar_sync(SM90_BAR_O_IN_V, NC * 128);
             const int lr = (warp & 3) * 16 + (lane >> 2); /* row within the warpgroup's 64 */
 #pragma unroll
             for (int j = 0; j < D / 2; j += 2) {
@@ -840,7 +868,11 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
              * copy engine has read this warpgroup's O out of it; the other threads' shared
              * stores are ordered before the store by the named barrier above. With one, Q was
              * released after the last S, or here for a tile that saw no key. */
-            if (!L::SEP_O) {
+            if (L::O_IN_V) {
+                if (t == 0 && by_tma) sm90_bulk_wait_read();
+                sm90_mbar_arrive(o_empty);
+                if (n_blocks == 0) sm90_mbar_arrive(q_empty);
+            } else if (!L::SEP_O) {
                 if (t == 0 && by_tma) sm90_bulk_wait_read();
                 sm90_mbar_arrive(q_empty);
             } else if (n_blocks == 0) {
