@@ -144,6 +144,12 @@
  * Measured (docs/PERF.md), both off: a lag of 1 gains 2-5% on causal rows and loses 4-6% on
  * non-causal ones; the turns lose 5-8% in the plain kernel and 15% in deterministic mode, and
  * gain 0-5% in the feature kernels (more work per score between the products). */
+/* d128: the dQ unit's product issued first, as at d64, so that its store into the reducing
+ * warp's buffer runs while dV and dK are on the tensor cores (experimental, off). */
+#ifndef FC_SM90B_DQ_FIRST128
+#define FC_SM90B_DQ_FIRST128 0
+#endif
+
 #ifndef FC_SM90B_DS_LAG
 #define FC_SM90B_DS_LAG 0
 #endif
@@ -1256,7 +1262,7 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                      * wait for this unit's turn) runs while the tensor cores work on dV and dK.
                      * d128 waits for all three first: with dK and dV (128 registers) in flight
                      * beside the dQ unit, its registers would spill. */
-                    constexpr bool DQ_FIRST = D == 64;
+                    constexpr bool DQ_FIRST = D == 64 || (FC_SM90B_DQ_FIRST128 && LAG == 0);
                     float dqa[DQN];
                     if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */
                     sm90_wgmma_fence();
