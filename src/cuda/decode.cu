@@ -42,15 +42,6 @@
 #define DEC_LOG2E 1.4426950408889634f
 #define DEC_LN2 0.6931471805599453f
 
-/* 1: each CTA reads its query rows into registers beside the cache length and stores them to
- * shared memory only once its first K/V tiles are asked for, so that the tiles' loads do not
- * wait behind the query's (at batch 1 a CTA has a few tiles per warp, and the round trips
- * before the first of them are much of its time). 0: the query first, as before. Not yet run
- * on a GPU (docs/PERF.md, "Batch 1: the query off the first loads' path"). */
-#ifndef FC_DECODE_Q_EARLY
-#define FC_DECODE_Q_EARLY 0
-#endif
-
 typedef struct fc_decode_args {
     const uint16_t *q;
     const uint16_t *kc, *vc;
@@ -211,9 +202,11 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
     const int ke = ks + a.split_keys < L ? ks + a.split_keys : L;
     const int pair0 = chunk * DEC_ROWS;
 
-    /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim): with
-     * FC_DECODE_Q_EARLY into registers here (the compiler issues their loads beside the cache
-     * length's), to shared memory after the first tiles' loads; otherwise straight there */
+    /* Q of the 16 pairs (zeros for pairs past the group and columns past head_dim) into
+     * registers here, where the compiler issues their loads beside the cache length's, and
+     * to shared memory only once the first tiles are asked for: at batch 1 a CTA has a few
+     * tiles per warp, and round trips before the first of them are much of its time
+     * (docs/PERF.md, "Batch 1: the query off the first loads' path") */
     auto q_chunk = [&](int r, int ch) { /* 16 bytes of row r */
         const int pair = pair0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -224,16 +217,11 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         return v;
     };
     constexpr int QCH = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
-    uint4 qv[FC_DECODE_Q_EARLY ? QCH : 1];
-    if constexpr (FC_DECODE_Q_EARLY) {
+    uint4 qv[QCH];
 #pragma unroll
-        for (int u = 0; u < QCH; u++) {
-            const int c = tid + u * DEC_THREADS;
-            qv[u] = c < DEC_ROWS * CH ? q_chunk(c / CH, c % CH) : make_uint4(0, 0, 0, 0);
-        }
-    } else {
-        for (int c = tid; c < DEC_ROWS * CH; c += DEC_THREADS)
-            *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = q_chunk(c / CH, c % CH);
+    for (int u = 0; u < QCH; u++) {
+        const int c = tid + u * DEC_THREADS;
+        qv[u] = c < DEC_ROWS * CH ? q_chunk(c / CH, c % CH) : make_uint4(0, 0, 0, 0);
     }
 
     /* over the queries of the CTA's real pairs (a few: the pairs are a group's heads): the
@@ -264,7 +252,8 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
             slope[k] = a.alibi[b * a.alibi_bstride + hk * a.group + pair % a.group];
     }
 
-    /* once Q is in shared memory: its fragments (up to d128) and the accumulators */
+    /* once Q is in shared memory (after the first tiles are asked for, below): its fragments
+     * (up to d128) and the accumulators */
     uint32_t qf[C::Q_IN_REGS ? D / 16 : 1][4];
     const uint32_t q_lane_addr =
         smem_addr(qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
@@ -282,7 +271,6 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         row_m[0] = row_m[1] = -INFINITY;
         row_l[0] = row_l[1] = 0.0f;
     };
-    if constexpr (!FC_DECODE_Q_EARLY) q_ready();
     const int ntiles = (jend - jbeg + DEC_KT - 1) / DEC_KT;
     const int mine = ntiles > warp ? (ntiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     uint16_t *wbase = stage_base + warp * STAGES * C::TILE_ELEMS;
@@ -355,14 +343,13 @@ __global__ void __launch_bounds__(DEC_THREADS) fc_decode_kernel(const fc_decode_
         if (s < mine) load_tile(s, s);
         cp_async_commit();
     }
-    if constexpr (FC_DECODE_Q_EARLY) {
+    /* the query rows to shared memory, behind the first tiles' copies */
 #pragma unroll
-        for (int u = 0; u < QCH; u++) {
-            const int c = tid + u * DEC_THREADS;
-            if (c < DEC_ROWS * CH) *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = qv[u];
-        }
-        q_ready();
+    for (int u = 0; u < QCH; u++) {
+        const int c = tid + u * DEC_THREADS;
+        if (c < DEC_ROWS * CH) *(uint4 *)(qs + (c / CH) * P + (c % CH) * 8) = qv[u];
     }
+    q_ready();
     const float cap = MODS ? a.softcap : 0.0f;
     const int alibi = MODS && a.alibi != NULL;
     for (int it = 0; it < mine; it++) {

@@ -145,9 +145,12 @@
  * non-causal ones; the turns lose 5-8% in the plain kernel and 15% in deterministic mode, and
  * gain 0-5% in the feature kernels (more work per score between the products). */
 /* d128: the dQ unit's product issued first, as at d64, so that its store into the reducing
- * warp's buffer runs while dV and dK are on the tensor cores (experimental, off). */
+ * warp's buffer runs while dV and dK are on the tensor cores, rather than after all three
+ * with the tensor cores idle. Measured +8-11% on the d128 rows outside deterministic mode
+ * (docs/PERF.md, "The d128 backward's dQ product first"), at the cost of a 4-byte spill in
+ * the plain fixed-length kernels (one reload per block); 0 waits for all three products. */
 #ifndef FC_SM90B_DQ_FIRST128
-#define FC_SM90B_DQ_FIRST128 0
+#define FC_SM90B_DQ_FIRST128 1
 #endif
 
 #ifndef FC_SM90B_DS_LAG
@@ -1257,11 +1260,10 @@ fc_sm90_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
                     else
                         sm90_bar_sync(SM90B_BAR_DS_OWN0 + c, 128);
 
-                    /* d64: dQ's product first, in a commit group of its own, then dV and dK, so
-                     * that the dQ reduction into global memory (and, in deterministic mode, the
-                     * wait for this unit's turn) runs while the tensor cores work on dV and dK.
-                     * d128 waits for all three first: with dK and dV (128 registers) in flight
-                     * beside the dQ unit, its registers would spill. */
+                    /* dQ's product first, in a commit group of its own, then dV and dK, so that
+                     * the dQ unit's store or reduction (and, in deterministic mode, the wait for
+                     * its turn) runs while the tensor cores work on dV and dK; d128 with the
+                     * lag or FC_SM90B_DQ_FIRST128 off waits for all three first. */
                     constexpr bool DQ_FIRST = D == 64 || (FC_SM90B_DQ_FIRST128 && LAG == 0);
                     float dqa[DQN];
                     if (PINGPONG) sm90_bar_sync(SM90B_BAR_TURN0 + c, 256); /* this consumer's turn */

@@ -151,9 +151,10 @@ template <int NC> struct sm90_cta {
  * block's softmax, P V and the epilogue instead of after the O store. The consumers meet once
  * per tile before writing O (the other one may still be reading the last V block), and the
  * producer loads the next tile's first V block only once the copy engine has read O out
- * (o_empty). 0 stages O in the Q tile. */
+ * (o_empty). Measured +1-2.5% on the d256 rows at 2k-8k (docs/PERF.md, "The d256 forward's O
+ * staged in the V ring"); 0 stages O in the Q tile. */
 #ifndef FC_SM90_FWD_O_IN_V
-#define FC_SM90_FWD_O_IN_V 0
+#define FC_SM90_FWD_O_IN_V 1
 #endif
 
 /* 1: a consumer skips the key blocks at the top of its tile's walk that lie wholly past the
