@@ -127,6 +127,15 @@
 #define FC_SM90B_DQ_BULK64 1
 #endif
 
+/* d128: the dQ unit's product issued first, as at d64, so that its store into the reducing
+ * warp's buffer runs while dV and dK are on the tensor cores, rather than after all three
+ * with the tensor cores idle. Measured +8-11% on the d128 rows outside deterministic mode
+ * (docs/PERF.md, "The d128 backward's dQ product first"), at the cost of a 4-byte spill in
+ * the plain fixed-length kernels (one reload per block); 0 waits for all three products. */
+#ifndef FC_SM90B_DQ_FIRST128
+#define FC_SM90B_DQ_FIRST128 1
+#endif
+
 /* d128: the consumers may run apart. Each block's dQ unit is computed LAG (1 or 2) blocks
  * later, once the other consumer's half of that block's dS is in (an mbarrier per consumer
  * and dS buffer, and one for "read", in place of the named barrier on which both consumers
@@ -144,15 +153,6 @@
  * Measured (docs/PERF.md), both off: a lag of 1 gains 2-5% on causal rows and loses 4-6% on
  * non-causal ones; the turns lose 5-8% in the plain kernel and 15% in deterministic mode, and
  * gain 0-5% in the feature kernels (more work per score between the products). */
-/* d128: the dQ unit's product issued first, as at d64, so that its store into the reducing
- * warp's buffer runs while dV and dK are on the tensor cores, rather than after all three
- * with the tensor cores idle. Measured +8-11% on the d128 rows outside deterministic mode
- * (docs/PERF.md, "The d128 backward's dQ product first"), at the cost of a 4-byte spill in
- * the plain fixed-length kernels (one reload per block); 0 waits for all three products. */
-#ifndef FC_SM90B_DQ_FIRST128
-#define FC_SM90B_DQ_FIRST128 1
-#endif
-
 #ifndef FC_SM90B_DS_LAG
 #define FC_SM90B_DS_LAG 0
 #endif

@@ -525,9 +525,10 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
 
     if (tid == 0) {
         sm90_mbar_init(q_full, 1);
-        /* Every consumer thread arrives once its part of the tile is done (it read the tile
-         * index, wrote its O into the Q tile); the phase completes after both O stores have
-         * also been read out by the copy engine. */
+        /* Every consumer thread arrives once it is done with the Q tile: after the tile's last
+         * S = Q K^T where O has a tile of its own or the V ring stages it, else once it has
+         * written its O into the Q tile (the phase then completes after both O stores have
+         * also been read out by the copy engine). */
         sm90_mbar_init(q_empty, NC * 128);
         /* O_IN_V: every consumer thread arrives once the copy engine has read its O out of the
          * V ring (the thread that issued the store waits for that first) */
@@ -547,8 +548,8 @@ fc_sm90_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_consta
      * q_full wait (acquire); index num_tiles tells them to stop. The K/V ring's stage and
      * parity run on across tiles (it counts every key block this CTA has loaded), and the Q
      * tile is refilled (and tile_slot rewritten) only once every consumer is done with it
-     * (q_empty): with a separate O tile, once its last S = Q K^T has retired; where the Q tile
-     * also stages the O store, once that store has read it. The next tile's first K block
+     * (q_empty): with a separate O tile or O in the V ring, once its last S = Q K^T has
+     * retired; where the Q tile also stages the O store, once that store has read it. The next tile's first K block
      * loads during the epilogue either way. */
     if (wg == 0) {
         /* ---------------- producer ---------------- */
